@@ -1,0 +1,44 @@
+# Two commands for a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+ARGS ?=
+
+.PHONY: run test bench tools clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
+	$(PIP) install -q -e '.[test]'
+	touch $@
+
+$(VENV)/.installed-bench: $(VENV)/.installed-test pyproject.toml
+	$(PIP) install -q -e '.[test,bench]'
+	touch $@
+
+# Command-line HTTP clients the real-client tests use (curl with HTTP/2, h2load, wrk).
+# Best effort: tests that need a missing tool skip themselves.
+tools:
+	@if ! command -v h2load >/dev/null 2>&1 || ! command -v wrk >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl nghttp2-client wrk) >/dev/null 2>&1 \
+	      || echo "note: could not install curl/nghttp2-client/wrk; tests that need them will skip"; \
+	  else echo "note: h2load/wrk not installed; tests that need them will skip"; fi; \
+	fi
+
+run: $(VENV)/.installed
+	$(VENV)/bin/llmsim serve $(ARGS)
+
+test: $(VENV)/.installed-test tools
+	$(PY) -m pytest -q $(ARGS)
+
+bench: $(VENV)/.installed-bench tools
+	$(PY) -m benchmarks $(ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

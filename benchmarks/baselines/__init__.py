@@ -1,0 +1,1 @@
+"""Servers llmsim is measured against."""

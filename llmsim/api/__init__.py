@@ -1,0 +1,1 @@
+"""Wire formats and endpoint handlers.  Imports nothing from ``llmsim.protocol``."""

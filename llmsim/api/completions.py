@@ -1,0 +1,60 @@
+"""POST /v1/completions."""
+
+from __future__ import annotations
+
+from llmsim.api.completions_format import CompletionStreamRenderer, completion_body
+from llmsim.api.context import Call
+from llmsim.api.errors import JSON_HEADERS
+from llmsim.api.generation import GenerationPlan, PromptPlan, RequestIdentity, generate_all, generate_stream
+from llmsim.api.prompts import check_context_length, completion_prompts
+from llmsim.api.requests import parse_completion_request
+from llmsim.api.router import Router
+
+__all__ = ["completions", "register"]
+
+
+async def completions(call: Call) -> None:
+    ctx = call.ctx
+    request = parse_completion_request(call.json())
+    model = ctx.resolve_model(request.model)
+    prompts = completion_prompts(request.prompt, ctx.tokenizer)
+    max_tokens = request.requested_max_tokens
+    for prompt in prompts:
+        check_context_length(ctx.config.max_model_len, len(prompt.token_ids), max_tokens)
+    identity = RequestIdentity.of(call, "cmpl-")
+    n = request.choices_per_prompt
+    plan = GenerationPlan(
+        request_id=identity.request_id,
+        prompts=tuple(PromptPlan(prompt.token_ids, prompt.echo_text) for prompt in prompts),
+        choices_per_prompt=n,
+        max_tokens=max_tokens,
+        ignore_eos=bool(request.ignore_eos),
+    )
+    created = int(ctx.wall_clock())
+    echo_prompts = [prompt.text for prompt in prompts] if request.echo else None
+    if request.streaming:
+        renderer = CompletionStreamRenderer(
+            response_id=identity.response_id,
+            created=created,
+            model=model,
+            choices=plan.job_count,
+            choices_per_prompt=n,
+            include_usage=request.include_usage,
+            echo_prompts=echo_prompts,
+        )
+        await generate_stream(call, plan, renderer, identity.headers)
+        return
+    jobs = await generate_all(call, plan)
+    body = completion_body(
+        response_id=identity.response_id,
+        created=created,
+        model=model,
+        jobs=jobs,
+        choices_per_prompt=n,
+        echo_prompts=echo_prompts,
+    )
+    call.respond(200, body, (*JSON_HEADERS, *identity.headers))
+
+
+def register(router: Router) -> None:
+    router.add("POST", "/v1/completions", completions)

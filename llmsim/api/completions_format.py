@@ -1,0 +1,125 @@
+"""The exact bytes of /v1/completions: stream chunks and the complete response.
+
+Streams follow the vLLM ≈0.20 capture: every chunk dumps every field, ``usage`` null
+included, there is no role chunk, and ``finish_reason`` rides on the chunk of the last
+token::
+
+    data: {"id":"cmpl-…","object":"text_completion","created":T,"model":"m","choices":[{"index":0,"text":" and","logprobs":null,"finish_reason":"length","stop_reason":null,"prompt_token_ids":null,"token_ids":null}],"usage":null}
+
+then, with ``stream_options.include_usage``, a ``"choices":[]`` usage chunk, then
+``data: [DONE]``.  Choice ``i`` answers prompt ``i // n``; with ``echo: true`` its
+first chunk starts with that prompt's text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from llmsim.api.sse import DONE_EVENT, escape, escape_uncached, json_bytes
+from llmsim.api.usage import Usage
+from llmsim.engine.job import Job, JobState
+
+__all__ = ["CompletionStreamRenderer", "completion_body"]
+
+_TEXT_OPEN = b',"text":"'
+_TOKEN_CLOSE = b'","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}],"usage":null}\n\n'
+_FINISH_OPEN = b'","logprobs":null,"finish_reason":'
+_FINISH_CLOSE = b',"stop_reason":null,"prompt_token_ids":null,"token_ids":null}],"usage":null}\n\n'
+_FINISHED = JobState.FINISHED  # a module global: enum member lookups cost on the per-token path
+
+
+class CompletionStreamRenderer:
+    """Renders one streaming completions request's jobs into SSE bytes."""
+
+    def __init__(
+        self,
+        *,
+        response_id: str,
+        created: int,
+        model: str,
+        choices: int,
+        choices_per_prompt: int,
+        include_usage: bool,
+        echo_prompts: Sequence[str] | None = None,
+    ) -> None:
+        head = (
+            b'data: {"id":' + json_bytes(response_id) + b',"object":"text_completion","created":'
+            + str(created).encode() + b',"model":' + json_bytes(model) + b","
+        )
+        self._text_opens = [head + b'"choices":[{"index":' + str(i).encode() + _TEXT_OPEN for i in range(choices)]
+        self._text_joiners = [_TOKEN_CLOSE + text_open for text_open in self._text_opens]
+        self._usage_head = head + b'"choices":[],"usage":'
+        self._choices_per_prompt = choices_per_prompt
+        self._include_usage = include_usage
+        self._echo_prompts = None if echo_prompts is None else [escape_uncached(text) for text in echo_prompts]
+
+    def render(self, job: Job, start: int, stop: int) -> bytes:
+        """One chunk per token of ``job.output[start:stop]``; the last token's chunk
+        carries the finish_reason (a job with no tokens still gets that one chunk)."""
+        index = job.index
+        finished = job.state is _FINISHED
+        if start and stop - start == 1 and not finished:  # the common case: one more token
+            return self._text_opens[index] + escape(job.output[start]) + _TOKEN_CLOSE
+        texts = [escape(piece) for piece in job.output[start:stop]]
+        if start == 0 and self._echo_prompts is not None:
+            prompt = self._echo_prompts[index // self._choices_per_prompt]
+            texts[:1] = [prompt + (texts[0] if texts else b"")]
+        if not texts:
+            if not finished:
+                return b""
+            texts = [b""]
+        close = _FINISH_OPEN + json_bytes(job.finish_reason) + _FINISH_CLOSE if finished else _TOKEN_CLOSE
+        return self._text_opens[index] + self._text_joiners[index].join(texts) + close
+
+    def tail(self, jobs: Sequence[Job]) -> bytes:
+        """After the last choice finished: the usage chunk if asked for, then [DONE]."""
+        if not self._include_usage:
+            return DONE_EVENT
+        usage = Usage.of(jobs, self._choices_per_prompt)
+        return self._usage_head + json_bytes(usage.as_dict()) + b"}\n\n" + DONE_EVENT
+
+
+def completion_body(
+    *,
+    response_id: str,
+    created: int,
+    model: str,
+    jobs: Sequence[Job],
+    choices_per_prompt: int,
+    echo_prompts: Sequence[str] | None = None,
+) -> bytes:
+    """The non-streaming response, in vLLM 0.23's shape (every field, nulls included)."""
+
+    def text_of(job: Job) -> str:
+        text = "".join(job.output)
+        if echo_prompts is None:
+            return text
+        return echo_prompts[job.index // choices_per_prompt] + text
+
+    choices = [
+        {
+            "index": job.index,
+            "text": text_of(job),
+            "logprobs": None,
+            "finish_reason": job.finish_reason,
+            "stop_reason": None,
+            "token_ids": None,
+            "prompt_logprobs": None,
+            "prompt_token_ids": None,
+            "routed_experts": None,
+        }
+        for job in sorted(jobs, key=lambda job: job.index)
+    ]
+    return json_bytes(
+        {
+            "id": response_id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": choices,
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": Usage.of(jobs, choices_per_prompt).as_dict(),
+            "kv_transfer_params": None,
+        }
+    )

@@ -1,0 +1,91 @@
+"""What every endpoint handler gets: the shared simulator state and its own call."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import orjson
+
+from llmsim.api.errors import JSON_HEADERS, ApiError
+from llmsim.api.http import HttpRequest, ResponseStream
+from llmsim.config import Config
+from llmsim.engine.scheduler import Engine
+from llmsim.engine.text import TextGenerator
+from llmsim.engine.tokenizer import Tokenizer
+
+__all__ = ["ApiContext", "Call"]
+
+
+@attrs.define(eq=False)
+class ApiContext:
+    """Shared by all handlers; built once per server by :class:`llmsim.app.Simulator`."""
+
+    config: Config
+    engine: Engine
+    tokenizer: Tokenizer
+    text: TextGenerator
+    clock: Callable[[], float]  # the engine's clock (trio.current_time in the server)
+    wall_clock: Callable[[], float]  # unix seconds, for "created" fields
+    started_at: float  # engine clock at start-up (for /health/ready)
+    _id_rng: random.Random = attrs.field(init=False)
+    _request_counter: int = attrs.field(init=False, default=0)
+
+    def __attrs_post_init__(self) -> None:
+        self._id_rng = random.Random(self.config.seed)
+
+    def new_request_id(self) -> str:
+        """16 hex characters, like vLLM's random_uuid(); reproducible under --seed."""
+        self._request_counter += 1
+        return f"{self._id_rng.getrandbits(64):016x}"
+
+    def rng_for(self, request_id: str, index: int = 0) -> random.Random:
+        """The text RNG of one choice: reproducible for the same seed and request id."""
+        return random.Random(f"{self.config.seed}:{request_id}:{index}")
+
+    def resolve_model(self, name: object) -> str:
+        """The reported model name for a request's ``model`` field (None: the default)."""
+        if name is None:
+            return self.config.display_model
+        if not isinstance(name, str):
+            raise ApiError(400, "model must be a string", param="model")
+        if name in self.config.model_names:
+            return self.config.display_model
+        raise ApiError(404, f"The model `{name}` does not exist.", param="model")
+
+
+@attrs.frozen
+class Call:
+    """One request being answered: what a handler receives."""
+
+    ctx: ApiContext
+    request: HttpRequest
+    response: ResponseStream
+    params: Mapping[str, str] = attrs.field(factory=dict)
+
+    def json(self) -> dict[str, Any]:
+        """The body as a JSON object, or a 400 that says what is wrong with it."""
+        content_type = self.request.header("content-type")
+        if content_type is not None:
+            media_type = content_type.split(";", 1)[0].strip().lower()
+            if media_type != "application/json" and not media_type.endswith("+json"):
+                raise ApiError(400, f"Unsupported Media Type: Only 'application/json' is allowed, got {media_type!r}")
+        if not self.request.body.strip():
+            raise ApiError(400, "The request body is empty; send a JSON object.")
+        try:
+            value = orjson.loads(self.request.body)
+        except orjson.JSONDecodeError as exc:
+            raise ApiError(400, f"Malformed JSON in request body: {exc}") from None
+        if not isinstance(value, dict):
+            raise ApiError(400, f"The request body must be a JSON object, got {type(value).__name__}.")
+        return value
+
+    def respond(self, status: int, body: bytes, headers: tuple[tuple[bytes, bytes], ...] = JSON_HEADERS) -> None:
+        """A complete response with a Content-Length."""
+        self.response.start(status, (*headers, (b"content-length", str(len(body)).encode())))
+        self.response.end(body)
+
+    def respond_json(self, value: object, status: int = 200) -> None:
+        self.respond(status, orjson.dumps(value))

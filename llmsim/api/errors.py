@@ -1,0 +1,112 @@
+"""The error envelope, in vLLM's (OpenAI) shape and in Anthropic's.
+
+OpenAI/vLLM: ``{"error": {"message", "type", "param", "code"}}`` with ``code`` the
+integer HTTP status (vLLM >= 0.10.1).  Anthropic: ``{"type": "error", "error":
+{"type", "message"}}``.  Every client-caused failure is an :class:`ApiError`; the
+router turns it into one of these bodies, so nothing a client sends becomes a 500.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+__all__ = [
+    "ApiError",
+    "error_body",
+    "anthropic_error_body",
+    "openai_error_type",
+    "anthropic_error_type",
+    "JSON_HEADERS",
+]
+
+JSON_HEADERS: tuple[tuple[bytes, bytes], ...] = ((b"content-type", b"application/json"),)
+
+_OPENAI_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    403: "PermissionDeniedError",
+    404: "NotFoundError",
+    405: "MethodNotAllowed",
+    408: "RequestTimeout",
+    409: "ConflictError",
+    413: "RequestEntityTooLarge",
+    415: "UnsupportedMediaType",
+    422: "UnprocessableEntityError",
+    429: "RateLimitError",
+    431: "RequestHeaderFieldsTooLarge",
+}
+
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+def openai_error_type(status: int) -> str:
+    if status >= 500:
+        return "InternalServerError"
+    return _OPENAI_TYPES.get(status, "APIError")
+
+
+def anthropic_error_type(status: int) -> str:
+    if status >= 500 and status != 529:
+        return "api_error"
+    return _ANTHROPIC_TYPES.get(status, "invalid_request_error")
+
+
+class ApiError(Exception):
+    """A request that cannot be served, with the status and message the client sees."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        error_type: str | None = None,
+        headers: tuple[tuple[bytes, bytes], ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.error_type = error_type or openai_error_type(status)
+        self.headers = headers
+
+    def __repr__(self) -> str:
+        return f"ApiError({self.status}, {self.message!r}, param={self.param!r})"
+
+    def body(self) -> bytes:
+        return error_body(self.status, self.message, param=self.param, error_type=self.error_type)
+
+    def anthropic_body(self) -> bytes:
+        return anthropic_error_body(self.status, self.message)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"message": self.message, "type": self.error_type, "param": self.param, "code": self.status}
+
+
+def error_body(status: int, message: str, *, param: str | None = None, error_type: str | None = None) -> bytes:
+    """``{"error": {...}}`` bytes for ``status``."""
+    return orjson.dumps(
+        {
+            "error": {
+                "message": message,
+                "type": error_type or openai_error_type(status),
+                "param": param,
+                "code": status,
+            }
+        }
+    )
+
+
+def anthropic_error_body(status: int, message: str) -> bytes:
+    return orjson.dumps({"type": "error", "error": {"type": anthropic_error_type(status), "message": message}})

@@ -1,0 +1,148 @@
+"""What a request asks the model to read, as token ids, and what echo replays.
+
+Chat messages become :class:`~llmsim.engine.tokenizer.ChatTurn` s for the chat
+template: text blocks are joined with newlines (as vLLM does for string content
+formats) and every image, audio or video block stands in as a short placeholder, so it
+costs a few prompt tokens.  Completion prompts come in four forms, one prompt per
+element of an array; token-id prompts are used as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from llmsim.api.errors import ApiError
+from llmsim.api.requests import ChatMessage, ContentPart, Prompt
+from llmsim.engine.tokenizer import ChatTurn, Tokenizer
+
+__all__ = [
+    "MEDIA_PLACEHOLDERS",
+    "chat_turns",
+    "chat_prompt_ids",
+    "last_user_text",
+    "assistant_echo",
+    "CompletionPrompt",
+    "completion_prompts",
+    "check_context_length",
+]
+
+#: The text a non-text content block contributes to the prompt.
+MEDIA_PLACEHOLDERS = {
+    "image_url": "<image>",
+    "input_audio": "<audio>",
+    "audio_url": "<audio>",
+    "video_url": "<video>",
+}
+
+
+def _part_text(part: ContentPart, where: str) -> str:
+    if part.type == "text":
+        if part.text is None:
+            raise ApiError(400, f"Content part {where} of type 'text' has no 'text'.", param=f"{where}.text")
+        return part.text
+    placeholder = MEDIA_PLACEHOLDERS.get(part.type)
+    if placeholder is None:
+        known = ", ".join(["text", *MEDIA_PLACEHOLDERS])
+        raise ApiError(400, f"Unknown content part type {part.type!r} in {where}; use one of: {known}.", param=f"{where}.type")
+    if getattr(part, part.type) is None:
+        raise ApiError(400, f"Content part {where} of type {part.type!r} has no {part.type!r} object.", param=f"{where}.{part.type}")
+    return placeholder
+
+
+def _message_text(message: ChatMessage, where: str, *, with_media: bool) -> str:
+    content = message.content
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = [_part_text(part, f"{where}.content[{i}]") for i, part in enumerate(content)]
+    if not with_media:
+        texts = [text for part, text in zip(content, texts) if part.type == "text"]
+    return "\n".join(texts)
+
+
+def chat_turns(messages: Sequence[ChatMessage]) -> list[ChatTurn]:
+    """The conversation as the chat template sees it; 400 on a malformed content part."""
+    return [
+        ChatTurn(role=message.role, content=_message_text(message, f"messages[{i}]", with_media=True))
+        for i, message in enumerate(messages)
+    ]
+
+
+def chat_prompt_ids(tokenizer: Tokenizer, messages: Sequence[ChatMessage]) -> list[int]:
+    """The prompt token ids of a chat request (template applied, generation prompt added)."""
+    return tokenizer.encode(tokenizer.apply_chat_template(chat_turns(messages)))
+
+
+def last_user_text(messages: Sequence[ChatMessage]) -> str:
+    """The text of the last user message: what ``--mode echo`` replays ("" if none)."""
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].role == "user":
+            return _message_text(messages[i], f"messages[{i}]", with_media=False)
+    return ""
+
+
+def assistant_echo(messages: Sequence[ChatMessage]) -> str | None:
+    """With ``echo: true``, vLLM prepends the last message to the answer when that
+    message is the assistant's own (a continuation); otherwise nothing."""
+    if not messages or messages[-1].role != "assistant":
+        return None
+    return _message_text(messages[-1], f"messages[{len(messages) - 1}]", with_media=False) or None
+
+
+@attrs.frozen
+class CompletionPrompt:
+    """One element of a /v1/completions prompt."""
+
+    token_ids: tuple[int, ...]
+    text: str  # the prompt as text: what ``echo: true`` prepends
+    echo_text: str  # what ``--mode echo`` replays: the text, or "1,2,3" for token ids
+
+
+def completion_prompts(prompt: Prompt, tokenizer: Tokenizer) -> list[CompletionPrompt]:
+    """Every prompt of a /v1/completions request; 400 on the empty forms."""
+    if isinstance(prompt, str):
+        return [_text_prompt(prompt, tokenizer)]
+    if not prompt:
+        raise ApiError(400, "prompt array must contain at least one prompt", param="prompt")
+    if isinstance(prompt[0], str):
+        return [_text_prompt(text, tokenizer) for text in prompt]  # type: ignore[arg-type]
+    if isinstance(prompt[0], int):
+        return [_token_prompt(prompt, tokenizer)]  # type: ignore[arg-type]
+    return [_token_prompt(ids, tokenizer) for ids in prompt]  # type: ignore[arg-type]
+
+
+def _text_prompt(text: str, tokenizer: Tokenizer) -> CompletionPrompt:
+    if not text:
+        raise ApiError(400, "prompt must not contain an empty string", param="prompt")
+    return CompletionPrompt(tuple(tokenizer.encode(text)), text, text)
+
+
+def _token_prompt(token_ids: tuple[int, ...], tokenizer: Tokenizer) -> CompletionPrompt:
+    if not token_ids:
+        raise ApiError(400, "prompt must not contain an empty token-id array", param="prompt")
+    negative = next((t for t in token_ids if t < 0), None)
+    if negative is not None:
+        raise ApiError(400, f"Token id {negative} is out of vocabulary; token ids must be non-negative.", param="prompt")
+    return CompletionPrompt(token_ids, tokenizer.decode(token_ids), ",".join(map(str, token_ids)))
+
+
+def check_context_length(
+    max_model_len: int, prompt_tokens: int, max_tokens: int | None, *, max_tokens_param: str = "max_tokens"
+) -> None:
+    """400 with vLLM's (>= 0.22) message when prompt + output cannot fit the context.
+
+    Without ``max_tokens`` vLLM gives the output whatever is left, so only a prompt
+    that leaves no room for a single output token fails.
+    """
+    requested = 1 if max_tokens is None else max_tokens
+    if prompt_tokens + requested <= max_model_len:
+        return
+    raise ApiError(
+        400,
+        f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+        f"{requested} output tokens and your prompt contains {prompt_tokens} input tokens, for a total of "
+        f"{prompt_tokens + requested} tokens. Please reduce the length of the input prompt or the number of "
+        "requested output tokens.",
+        param="input_tokens" if max_tokens is None or prompt_tokens >= max_model_len else max_tokens_param,
+    )

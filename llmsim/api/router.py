@@ -1,0 +1,146 @@
+"""Method + path -> handler, and the Application that answers every request.
+
+Paths are exact (``/v1/models``) or carry ``{name}`` segments
+(``/v1/responses/{response_id}``).  An unknown path is 404, a known path with another
+method 405 with an ``Allow`` header, both in the error envelope of the route family
+(Anthropic's for ``/v1/messages``, vLLM's elsewhere).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+
+import attrs
+
+from llmsim.api.context import ApiContext, Call
+from llmsim.api.errors import JSON_HEADERS, ApiError
+from llmsim.api.http import HttpRequest, ResponseStream
+
+__all__ = ["Handler", "Router", "Api", "ErrorStyle"]
+
+log = logging.getLogger("llmsim.api")
+
+Handler = Callable[[Call], Awaitable[None]]
+
+
+class ErrorStyle:
+    OPENAI = "openai"
+    ANTHROPIC = "anthropic"
+
+
+@attrs.frozen
+class _Route:
+    segments: tuple[str, ...]
+    handlers: dict[str, Handler]
+    error_style: str
+
+    def match(self, segments: tuple[str, ...]) -> dict[str, str] | None:
+        if len(segments) != len(self.segments):
+            return None
+        params: dict[str, str] = {}
+        for pattern, actual in zip(self.segments, segments):
+            if pattern.startswith("{") and pattern.endswith("}"):
+                if not actual:
+                    return None
+                params[pattern[1:-1]] = actual
+            elif pattern != actual:
+                return None
+        return params
+
+
+@attrs.frozen
+class Resolved:
+    handler: Handler
+    params: Mapping[str, str]
+    error_style: str
+
+
+class Router:
+    def __init__(self) -> None:
+        self._exact: dict[str, _Route] = {}
+        self._patterns: list[_Route] = []
+
+    def add(self, method: str, path: str, handler: Handler, *, error_style: str = ErrorStyle.OPENAI) -> None:
+        segments = tuple(path.split("/"))
+        is_pattern = any(s.startswith("{") for s in segments)
+        table = self._patterns if is_pattern else None
+        route = self._find(segments, is_pattern)
+        if route is None:
+            route = _Route(segments, {}, error_style)
+            if table is not None:
+                table.append(route)
+            else:
+                self._exact[path] = route
+        route.handlers[method.upper()] = handler
+
+    def _find(self, segments: tuple[str, ...], is_pattern: bool) -> _Route | None:
+        if not is_pattern:
+            return self._exact.get("/".join(segments))
+        return next((r for r in self._patterns if r.segments == segments), None)
+
+    def resolve(self, method: str, path: str) -> Resolved:
+        """The handler for ``method path``, or ApiError 404 / 405."""
+        route = self._exact.get(path)
+        params: dict[str, str] | None = {}
+        if route is None:
+            segments = tuple(path.split("/"))
+            for candidate in self._patterns:
+                params = candidate.match(segments)
+                if params is not None:
+                    route = candidate
+                    break
+        if route is None or params is None:
+            raise ApiError(404, f"Not Found: no route for {path}")
+        handler = route.handlers.get(method.upper())
+        if handler is None and method.upper() == "HEAD":
+            handler = route.handlers.get("GET")
+        if handler is None:
+            allow = ", ".join(sorted(route.handlers)).encode()
+            raise ApiError(
+                405,
+                f"Method Not Allowed: {method} is not supported on {path}; use {allow.decode()}",
+                headers=((b"allow", allow),),
+            )
+        return Resolved(handler, params, route.error_style)
+
+    def error_style_for(self, path: str) -> str:
+        route = self._exact.get(path)
+        if route is None:
+            segments = tuple(path.split("/"))
+            route = next((r for r in self._patterns if r.match(segments) is not None), None)
+        return route.error_style if route is not None else ErrorStyle.OPENAI
+
+
+class Api:
+    """The :class:`~llmsim.api.http.Application` of llmsim: routes, runs, and turns errors
+    into envelopes.  An ApiError after the response started is the handler's to report
+    in-band; here it can only end the stream."""
+
+    def __init__(self, ctx: ApiContext, router: Router) -> None:
+        self.ctx = ctx
+        self.router = router
+
+    async def handle(self, request: HttpRequest, response: ResponseStream) -> None:
+        style = ErrorStyle.OPENAI
+        try:
+            resolved = self.router.resolve(request.method, request.path)
+            style = resolved.error_style
+            await resolved.handler(Call(self.ctx, request, response, resolved.params))
+        except ApiError as error:
+            self._send_error(response, error, style)
+        except Exception:
+            log.exception("unexpected error answering %s %s", request.method, request.path)
+            self._send_error(response, ApiError(500, "Internal server error"), style)
+
+    @staticmethod
+    def _send_error(response: ResponseStream, error: ApiError, style: str) -> None:
+        if response.closed:
+            return
+        if response.started:
+            response.end()
+            return
+        body = error.anthropic_body() if style == ErrorStyle.ANTHROPIC else error.body()
+        headers = (*JSON_HEADERS, *error.headers, (b"content-length", str(len(body)).encode()))
+        response.start(error.status, headers)
+        response.end(body)

@@ -1,0 +1,56 @@
+"""Server-sent events as vLLM frames them for chat and completions.
+
+Every event is ``data: <json>\\n\\n`` (LF LF: ``vllm bench`` splits only on
+``"\\n\\n"``), never an ``event:`` line, and the stream ends with ``data: [DONE]``.
+Streams are rendered from pre-built byte templates: per token only the JSON-escaped
+text is inserted, and escaping is cached per distinct piece, so no token costs a
+``json.dumps``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import orjson
+
+from llmsim.api.errors import ApiError
+
+__all__ = ["SSE_HEADERS", "DONE_EVENT", "escape", "escape_uncached", "json_bytes", "error_events"]
+
+SSE_HEADERS: tuple[tuple[bytes, bytes], ...] = ((b"content-type", b"text/event-stream; charset=utf-8"),)
+DONE_EVENT = b"data: [DONE]\n\n"
+
+_CACHE_LIMIT = 8192  # distinct pieces kept; the cache is dropped whole when full
+_CACHED_LENGTH = 64  # longer texts (echoed prompts) are escaped each time, never cached
+_escaped: dict[str, bytes] = {}
+
+
+def escape(text: str) -> bytes:
+    """``text`` as it sits between the quotes of a JSON string (UTF-8, escaped like
+    pydantic/orjson: ``\\"``, ``\\\\``, ``\\n``, ``\\u001f``...).  Cached per piece."""
+    cached = _escaped.get(text)
+    if cached is not None:
+        return cached
+    escaped = orjson.dumps(text)[1:-1]
+    if len(text) <= _CACHED_LENGTH:
+        if len(_escaped) >= _CACHE_LIMIT:
+            _escaped.clear()
+        _escaped[text] = escaped
+    return escaped
+
+
+def escape_uncached(text: str) -> bytes:
+    """Like :func:`escape`, for one-off texts that must not crowd the piece cache."""
+    return orjson.dumps(text)[1:-1]
+
+
+def json_bytes(value: object) -> bytes:
+    """Compact JSON, as pydantic's ``model_dump_json`` writes it."""
+    return orjson.dumps(value)
+
+
+def error_events(error: ApiError) -> bytes:
+    """The end of a stream that failed after it began: vLLM's in-band error event and
+    ``[DONE]``.  vLLM writes this one with ``json.dumps`` (``", "`` and ``": "``
+    separators), unlike the chunks."""
+    return b"data: " + json.dumps({"error": error.as_dict()}).encode() + b"\n\n" + DONE_EVENT

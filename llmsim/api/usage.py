@@ -1,0 +1,44 @@
+"""Token usage of a request, summed over its jobs, in vLLM's key order."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from llmsim.engine.job import Job
+
+__all__ = ["Usage"]
+
+
+@attrs.frozen
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+    @classmethod
+    def of(cls, jobs: Sequence[Job], choices_per_prompt: int) -> Usage:
+        """Prompt (and cached) tokens count once per prompt, not once per choice:
+        the ``n`` choices of one prompt share it.  Choice ``i`` belongs to prompt
+        ``i // choices_per_prompt``."""
+        prompt_jobs = [job for job in jobs if job.index % choices_per_prompt == 0]
+        return cls(
+            prompt_tokens=sum(job.prompt_tokens for job in prompt_jobs),
+            completion_tokens=sum(job.completion_tokens for job in jobs),
+            cached_tokens=sum(job.cached_tokens for job in prompt_jobs),
+        )
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def as_dict(self) -> dict[str, object]:
+        """``prompt_tokens, total_tokens, completion_tokens, prompt_tokens_details``:
+        vLLM's UsageInfo field order."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "total_tokens": self.total_tokens,
+            "completion_tokens": self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }

@@ -1,0 +1,73 @@
+"""The simulator behind every server backend: engine, API and the engine driver task."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import trio
+
+from llmsim.api import basic, chat, completions
+from llmsim.api.context import ApiContext
+from llmsim.api.router import Api, Router
+from llmsim.config import Config
+from llmsim.engine.scheduler import Engine
+from llmsim.engine.text import TextGenerator
+from llmsim.engine.tokenizer import load_tokenizer
+
+__all__ = ["Simulator", "build_router"]
+
+
+def build_router() -> Router:
+    """Every endpoint llmsim serves."""
+    router = Router()
+    basic.register(router)
+    chat.register(router)
+    completions.register(router)
+    return router
+
+
+class Simulator:
+    """One simulated vLLM server: what ``serve()`` runs behind its listeners.
+
+    ``app`` answers requests (both the native handlers and the ASGI adapter call it);
+    ``run_engine`` is the single task that drives every job of the engine.
+    """
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.engine = Engine(config)
+        tokenizer = load_tokenizer(config.tokenizer)
+        self.ctx = ApiContext(
+            config=config,
+            engine=self.engine,
+            tokenizer=tokenizer,
+            text=TextGenerator(config, tokenizer),
+            clock=trio.current_time,
+            wall_clock=time.time,
+            started_at=trio.current_time(),
+        )
+        self.app = Api(self.ctx, build_router())
+
+    async def run_engine(self) -> None:
+        """Sleep until the engine's next deadline (or a wake-up), then step it.  Forever."""
+        engine = self.engine
+        wakeup = trio.Event()
+
+        def wake() -> None:
+            wakeup.set()
+
+        engine.set_wakeup(wake)
+        while True:
+            wakeup = trio.Event()
+            deadline = engine.next_deadline()
+            now = trio.current_time()
+            if deadline <= now:
+                engine.step(now)
+                await trio.lowlevel.checkpoint()
+                continue
+            if math.isinf(deadline):
+                await wakeup.wait()
+            else:
+                with trio.move_on_at(deadline):
+                    await wakeup.wait()

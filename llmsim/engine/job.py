@@ -1,0 +1,104 @@
+"""A Job: one choice of one request, as the engine sees it.
+
+The API layer builds a Job with everything decided up front (prompt token ids, the
+planned output pieces, the finish reason when the plan runs out) and a sink.  The
+engine only decides *when*: it admits the job, prefills it, and hands out its planned
+tokens step by step through ``sink.on_output``.  A Job never does I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import Protocol
+
+import attrs
+
+__all__ = ["Job", "JobSink", "JobState", "FinishReason"]
+
+
+class FinishReason:
+    """The finish_reason strings of vLLM and llm-d-inference-sim."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    TOOL_CALLS = "tool_calls"
+    REMOTE_DECODE = "remote_decode"
+    CACHE_THRESHOLD = "cache_threshold"
+    ABORT = "abort"
+
+
+class JobState(enum.Enum):
+    NEW = "new"  # built, not yet submitted
+    WAITING = "waiting"  # in the FIFO waiting queue
+    PREFILL = "prefill"  # holds a running slot, first token not yet produced
+    DECODING = "decoding"  # first token produced, more to come
+    FINISHED = "finished"  # every planned token handed to the sink
+    CANCELLED = "cancelled"  # removed by engine.cancel (client gone)
+    REJECTED = "rejected"  # refused at submit (waiting queue full)
+
+
+class JobSink(Protocol):
+    """Receives a job's output.  Implemented by the API layer (it renders bytes)."""
+
+    def on_output(self, job: Job, start: int, stop: int, now: float) -> bool:
+        """``job.output[start:stop]`` were produced at time ``now`` (engine clock).
+
+        ``job.state`` and ``job.emitted == stop`` are already updated.  When
+        ``job.state is JobState.FINISHED`` this is the last call; ``stop`` then equals
+        ``len(job.output)`` and ``job.finish_reason`` is final.  The first call
+        (``start == 0``) marks the first token (TTFT); a job with an empty plan gets
+        exactly one call, ``start == stop == 0``, already FINISHED.  One engine step may
+        hand out several tokens at once (catch-up), so ``stop - start`` can exceed 1.
+
+        Return False when the client's buffer is full: the engine pauses the job until
+        ``engine.resume(job, now)``.  A resume made during this call (for example from
+        an ``on_drained`` callback that fired at once) counts: the job is not paused.
+        The return value of the last call is ignored.
+        """
+
+
+@attrs.define(eq=False, repr=False)
+class Job:
+    """One sequence to simulate.  Fields after ``sink`` are owned by the engine."""
+
+    prompt_token_ids: Sequence[int]
+    output: Sequence[str]  # planned output pieces; their concatenation is the text
+    finish_reason: str  # reported when the whole plan has been produced
+    sink: JobSink
+    output_token_ids: Sequence[int] = ()
+    index: int = 0  # choice index within its request
+    request_id: str = ""
+    max_tokens: int | None = None  # the request's cap (for metrics); the plan already honours it
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache (not prefilled again)
+    remote_prefill: bool = False  # P/D decode side: TTFT is the KV transfer time
+
+    # --- engine-owned state (engine clock, seconds) -------------------------------------
+    state: JobState = JobState.NEW
+    emitted: int = 0  # output pieces handed to the sink so far
+    paused: bool = False  # sink said its buffer is full; waits for engine.resume
+    arrival_time: float = 0.0  # submit
+    admitted_time: float | None = None  # got a running slot (queue time = admitted - arrival)
+    first_token_time: float | None = None  # first sink call (TTFT = first_token - arrival)
+    finish_time: float | None = None  # last sink call, or cancel / reject
+    prefilled_tokens: int = 0  # prompt tokens with KV ready; cached ones count from admission
+    deadline: float = 0.0  # absolute due time of the next token (first token while PREFILL)
+    schedule_id: int = 0  # the job's live entry in the engine's deadline heap; 0 = none
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def completion_tokens(self) -> int:
+        return self.emitted
+
+    @property
+    def done(self) -> bool:
+        return self.state in (JobState.FINISHED, JobState.CANCELLED, JobState.REJECTED)
+
+    def __repr__(self) -> str:
+        return (
+            f"<Job {self.request_id or hex(id(self))}[{self.index}] {self.state.value} "
+            f"{self.emitted}/{len(self.output)} prompt={self.prompt_tokens}>"
+        )

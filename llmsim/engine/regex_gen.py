@@ -1,0 +1,458 @@
+"""Strings that match a regular expression: the ``pattern`` keyword of tool schemas.
+
+A pattern is parsed into a small tree (one-character sets, sequences, alternatives,
+bounded repeats) and every node knows how many strings of each length it can produce.
+Generation first picks a length the string constraints allow, then walks the tree
+choosing branches and repeat counts in proportion to those counts, so every choice
+can still reach the target length and the result is never a near miss.
+
+Only what can be produced exactly is accepted: lookarounds, backreferences, word
+boundaries, atomic groups, possessive quantifiers and anchors in the middle of a
+pattern are refused with a message that names the construct.  What a character set
+or an escape matches is not re-implemented: candidate characters are tested against
+the set itself with :mod:`re`, so ``[^a-z]``, ``\\w`` or flags mean exactly what they
+mean to a Python validator.  Matching is ``re.search``, as in JSON Schema.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import re
+import string
+from collections.abc import Iterator, Sequence
+
+import attrs
+
+__all__ = ["MAX_PATTERN_LENGTH", "PatternError", "StringPattern", "compile_pattern"]
+
+MAX_PATTERN_LENGTH = 256  # longest string a pattern is asked to produce
+_COUNT_CAP = 1 << 62  # counts are only used as weights: cap them to keep arithmetic cheap
+_WORK_LIMIT = 2_000_000  # length-table multiplications allowed per pattern
+_REALISTIC_EXTRA = 12  # prefer lengths within this many characters of the shortest allowed
+_PROBES = 16  # samples checked against re.search before a pattern is accepted
+
+_PRINTABLE = "".join(chr(c) for c in range(0x20, 0x7F))
+_CONTROLS = "\t\n\r\x0b\x0c"
+_DOT_ALPHABET = string.ascii_letters + string.digits
+_GROUP_FLAGS = {"i": re.IGNORECASE, "m": re.MULTILINE, "s": re.DOTALL, "a": re.ASCII, "u": re.UNICODE}
+_SIMPLE_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "a": "\a"}
+
+Counts = dict[int, int]  # string length -> number of strings of that length (capped)
+
+
+class PatternError(ValueError):
+    """A pattern llmsim cannot generate strings for; the message says which construct."""
+
+
+# --- the tree ------------------------------------------------------------------------
+
+
+@attrs.frozen
+class _Chars:
+    """One character out of ``alphabet``."""
+
+    alphabet: str
+    counts: Counts
+
+    def generate(self, rng: random.Random, length: int, out: list[str]) -> None:
+        out.append(rng.choice(self.alphabet))
+
+
+@attrs.frozen
+class _Seq:
+    """Items one after another; ``suffixes[i]`` counts the strings of ``items[i:]``."""
+
+    items: tuple[_Node, ...]
+    suffixes: tuple[Counts, ...]
+    counts: Counts
+
+    def generate(self, rng: random.Random, length: int, out: list[str]) -> None:
+        for item, rest in zip(self.items, self.suffixes[1:]):
+            part = _split(rng, item.counts, rest, length)
+            item.generate(rng, part, out)
+            length -= part
+
+
+@attrs.frozen
+class _Alt:
+    options: tuple[_Node, ...]
+    counts: Counts
+
+    def generate(self, rng: random.Random, length: int, out: list[str]) -> None:
+        weights = [option.counts.get(length, 0) for option in self.options]
+        rng.choices(self.options, weights)[0].generate(rng, length, out)
+
+
+@attrs.frozen
+class _Repeat:
+    """``item`` between ``low`` and ``len(powers) - 1`` times; ``powers[k]`` counts k copies."""
+
+    item: _Node
+    low: int
+    powers: tuple[Counts, ...]
+    counts: Counts
+
+    def generate(self, rng: random.Random, length: int, out: list[str]) -> None:
+        times = range(self.low, len(self.powers))
+        k = rng.choices(times, [self.powers[t].get(length, 0) for t in times])[0]
+        for remaining in range(k - 1, -1, -1):
+            part = _split(rng, self.item.counts, self.powers[remaining], length)
+            self.item.generate(rng, part, out)
+            length -= part
+
+
+@attrs.frozen
+class _Anchor:
+    """``^``/``\\A`` (start) or ``$``/``\\Z`` (end); only allowed at the pattern's edges."""
+
+    start: bool
+    counts: Counts = attrs.field(factory=lambda: {0: 1})
+
+    def generate(self, rng: random.Random, length: int, out: list[str]) -> None:
+        raise AssertionError("anchors are removed before generation")
+
+
+_Node = _Chars | _Seq | _Alt | _Repeat | _Anchor
+
+
+def _split(rng: random.Random, head: Counts, tail: Counts, length: int) -> int:
+    """How much of ``length`` the head takes, weighted by the strings each split allows."""
+    parts = [n for n in head if n <= length and length - n in tail]
+    weights = [head[n] * tail[length - n] for n in parts]
+    return rng.choices(parts, weights)[0]
+
+
+# --- length tables -------------------------------------------------------------------
+
+
+class _Budget:
+    """Bounds the work spent multiplying length tables, so a hostile pattern fails fast."""
+
+    def __init__(self) -> None:
+        self.left = _WORK_LIMIT
+
+    def product(self, a: Counts, b: Counts) -> Counts:
+        self.left -= len(a) * len(b)
+        if self.left < 0:
+            raise PatternError("is too complex to generate strings from; simplify its nested repetitions")
+        out: Counts = {}
+        for la, ca in a.items():
+            for lb, cb in b.items():
+                n = la + lb
+                if n <= MAX_PATTERN_LENGTH:
+                    out[n] = min(_COUNT_CAP, out.get(n, 0) + ca * cb)
+        return out
+
+
+def _union(tables: Sequence[Counts]) -> Counts:
+    out: Counts = {}
+    for table in tables:
+        for n, c in table.items():
+            out[n] = min(_COUNT_CAP, out.get(n, 0) + c)
+    return out
+
+
+def _seq(items: Sequence[_Node], budget: _Budget) -> _Node:
+    if len(items) == 1:
+        return items[0]
+    suffixes: list[Counts] = [{0: 1}]
+    for item in reversed(items):
+        suffixes.append(budget.product(item.counts, suffixes[-1]))
+    suffixes.reverse()
+    return _Seq(tuple(items), tuple(suffixes), suffixes[0])
+
+
+def _alt(options: Sequence[_Node]) -> _Node:
+    if len(options) == 1:
+        return options[0]
+    return _Alt(tuple(options), _union([o.counts for o in options]))
+
+
+def _repeat(item: _Node, low: int, high: int | None, budget: _Budget) -> _Node:
+    shortest = min(item.counts, default=0)
+    if shortest * low > MAX_PATTERN_LENGTH:
+        raise PatternError(f"needs strings longer than {MAX_PATTERN_LENGTH} characters")
+    limit = MAX_PATTERN_LENGTH // max(shortest, 1) if high is None else high
+    limit = max(low, min(limit, low + MAX_PATTERN_LENGTH))
+    powers: list[Counts] = [{0: 1}]
+    while len(powers) <= limit and powers[-1]:
+        powers.append(budget.product(powers[-1], item.counts))
+    return _Repeat(item, low, tuple(powers), _union(powers[low:]))
+
+
+# --- parser --------------------------------------------------------------------------
+
+
+class _Parser:
+    """Recursive descent over the subset of Python's regex syntax llmsim can generate."""
+
+    def __init__(self, source: str, flags: int) -> None:
+        self.src = source
+        self.pos = 0
+        self.flags = flags
+        self.budget = _Budget()
+
+    def fail(self, what: str) -> PatternError:
+        return PatternError(f"uses {what} at offset {self.pos}, which llmsim cannot generate strings for")
+
+    def peek(self, text: str) -> bool:
+        return self.src.startswith(text, self.pos)
+
+    def parse(self) -> _Node:
+        node = self.alternation()
+        if self.pos != len(self.src):  # an unbalanced ')' (re.compile already refused it)
+            raise self.fail("an unbalanced ')'")
+        return node
+
+    def alternation(self) -> _Node:
+        options = [self.sequence()]
+        while self.peek("|"):
+            self.pos += 1
+            options.append(self.sequence())
+        return _alt(options)
+
+    def sequence(self) -> _Node:
+        items: list[_Node] = []
+        while self.pos < len(self.src) and not self.peek("|") and not self.peek(")"):
+            atom = self.atom()
+            if atom is not None:
+                items.append(self.quantified(atom))
+        return _seq(items, self.budget)
+
+    def quantified(self, atom: _Node) -> _Node:
+        bounds = self.quantifier()
+        if bounds is None:
+            return atom
+        if self.peek("+"):
+            raise self.fail("a possessive quantifier")
+        if self.peek("?"):
+            self.pos += 1  # lazy: the same strings match
+        if isinstance(atom, _Anchor):
+            raise self.fail("a repeated anchor")
+        return _repeat(atom, bounds[0], bounds[1], self.budget)
+
+    def quantifier(self) -> tuple[int, int | None] | None:
+        char = self.src[self.pos] if self.pos < len(self.src) else ""
+        simple = {"*": (0, None), "+": (1, None), "?": (0, 1)}
+        if char in simple:
+            self.pos += 1
+            return simple[char]
+        match = re.compile(r"\{(\d*)(?:(,)(\d*))?\}").match(self.src, self.pos)
+        if char != "{" or match is None or match.group(0) == "{}":
+            return None  # a literal "{", as in Python
+        self.pos = match.end()
+        low = int(match.group(1) or 0)
+        if match.group(2) is None:
+            return low, low
+        return low, int(match.group(3)) if match.group(3) else None
+
+    def atom(self) -> _Node | None:
+        char = self.src[self.pos]
+        if char == "(":
+            return self.group()
+        if char == "[":
+            return self.char_set()
+        if char == "\\":
+            return self.escape()
+        self.pos += 1
+        if char == ".":
+            return _chars(_DOT_ALPHABET)
+        if char in "^$":
+            return _Anchor(start=char == "^")
+        return _chars(char)
+
+    def group(self) -> _Node | None:
+        self.pos += 1
+        saved = self.flags
+        if self.peek("?") and not self.extension():
+            return None
+        node = self.alternation()
+        if not self.peek(")"):
+            raise self.fail("an unterminated group")
+        self.pos += 1
+        self.flags = saved
+        return node
+
+    def extension(self) -> bool:
+        """Consume what follows ``(?``; False when no pattern follows (``(?i)``, ``(?#...)``)."""
+        flags = re.compile(r"\?([a-zA-Z]*)(?:-([a-zA-Z]*))?([:)])").match(self.src, self.pos)
+        if flags is not None and (flags.group(1) or flags.group(2)):
+            self.set_flags(flags.group(1), flags.group(2) or "")
+            self.pos = flags.end()
+            return flags.group(3) == ":"
+        if self.peek("?:"):
+            self.pos += 2
+            return True
+        if self.peek("?P<"):
+            self.pos = self.src.index(">", self.pos) + 1
+            return True
+        if self.peek("?#"):
+            self.pos = self.src.index(")", self.pos) + 1
+            return False
+        kinds = {"?=": "a lookahead", "?!": "a lookahead", "?<=": "a lookbehind", "?<!": "a lookbehind",
+                 "?P=": "a backreference", "?(": "a conditional group", "?>": "an atomic group"}
+        raise self.fail(next((name for prefix, name in kinds.items() if self.peek(prefix)), "an extension group"))
+
+    def set_flags(self, on: str, off: str) -> None:
+        for letter in on + off:
+            if letter not in _GROUP_FLAGS:
+                raise self.fail(f"the inline flag {letter!r}")
+        for letter in on:
+            self.flags |= _GROUP_FLAGS[letter]
+        for letter in off:
+            self.flags &= ~_GROUP_FLAGS[letter]
+
+    def char_set(self) -> _Node:
+        start = self.pos
+        self.pos += 1
+        if self.peek("^"):
+            self.pos += 1
+        if self.peek("]"):
+            self.pos += 1
+        while not self.peek("]"):
+            self.pos += 2 if self.peek("\\") else 1
+        self.pos += 1
+        return _chars(_alphabet(self.src[start : self.pos], self.flags))
+
+    def escape(self) -> _Node:
+        self.pos += 1
+        char = self.src[self.pos]
+        self.pos += 1
+        if char in "dDwWsS":
+            return _chars(_alphabet("\\" + char, self.flags))
+        if char in "AZ":
+            return _Anchor(start=char == "A")
+        if char in "bB":
+            raise self.fail("a word boundary")
+        if char in _SIMPLE_ESCAPES:
+            return _chars(_SIMPLE_ESCAPES[char])
+        widths = {"x": 2, "u": 4, "U": 8}
+        if char in widths:
+            digits = self.src[self.pos : self.pos + widths[char]]
+            self.pos += widths[char]
+            return _chars(chr(int(digits, 16)))
+        if char.isdigit():
+            return self.octal_or_backreference(char)
+        if char.isalnum():
+            raise self.fail(f"the escape \\{char}")
+        return _chars(char)
+
+    def octal_or_backreference(self, first: str) -> _Node:
+        match = re.compile(r"[0-7]{0,2}").match(self.src, self.pos)
+        digits = first + (match.group(0) if match else "")
+        if first != "0" and len(digits) < 3:
+            raise self.fail("a backreference")
+        self.pos += len(digits) - 1
+        return _chars(chr(int(digits, 8)))
+
+
+def _chars(alphabet: str) -> _Chars:
+    if not alphabet:
+        raise PatternError("has a character set that matches no character llmsim can produce")
+    return _Chars(alphabet, {1: len(alphabet)})
+
+
+@functools.lru_cache(maxsize=1024)
+def _alphabet(atom: str, flags: int) -> str:
+    """The characters ``atom`` (a set or class escape) matches, printable ones preferred."""
+    candidates = _PRINTABLE + _CONTROLS + "".join(_extra_candidates(atom))
+    matcher = re.compile(atom, flags)
+    found = "".join(dict.fromkeys(c for c in candidates if matcher.fullmatch(c)))
+    printable = "".join(c for c in found if c.isprintable())
+    return printable or found
+
+
+def _extra_candidates(atom: str) -> Iterator[str]:
+    """Non-ASCII characters a set names (and a few after each, to cover ranges)."""
+    escaped = re.compile(r"\\(?:x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8}))|([^\x00-\x7f])")
+    for match in escaped.finditer(atom):
+        hex_digits = match.group(1) or match.group(2) or match.group(3)
+        first = int(hex_digits, 16) if hex_digits else ord(match.group(4))
+        for code in range(first, min(first + 32, 0x110000)):
+            if not 0xD800 <= code <= 0xDFFF:
+                yield chr(code)
+
+
+# --- anchors -------------------------------------------------------------------------
+
+
+def _strip_anchors(node: _Node, budget: _Budget) -> _Node:
+    """Drop anchors at the edges of each top-level alternative; refuse any others."""
+    if isinstance(node, _Alt):
+        return _alt([_strip_edges(option, budget) for option in node.options])
+    return _strip_edges(node, budget)
+
+
+def _strip_edges(node: _Node, budget: _Budget) -> _Node:
+    items = list(node.items) if isinstance(node, _Seq) else [node]
+    while items and isinstance(items[0], _Anchor) and items[0].start:
+        items.pop(0)
+    while items and isinstance(items[-1], _Anchor) and not items[-1].start:
+        items.pop()
+    for item in items:
+        _refuse_anchors(item)
+    return _seq(items, budget)
+
+
+def _refuse_anchors(node: _Node) -> None:
+    if isinstance(node, _Anchor):
+        raise PatternError("uses an anchor (^, $, \\A or \\Z) away from the start or end of the pattern, "
+                           "which llmsim cannot generate strings for")
+    children: tuple[_Node, ...] = ()
+    if isinstance(node, _Seq):
+        children = node.items
+    elif isinstance(node, _Alt):
+        children = node.options
+    elif isinstance(node, _Repeat):
+        children = (node.item,)
+    for child in children:
+        _refuse_anchors(child)
+
+
+# --- public --------------------------------------------------------------------------
+
+
+@attrs.frozen
+class StringPattern:
+    """A compiled ``pattern``: ``regex`` to match, ``root`` to generate from."""
+
+    source: str
+    regex: re.Pattern[str]
+    root: _Node
+
+    def lengths(self, low: int, high: int | None) -> tuple[int, ...]:
+        """Lengths in ``[low, high]`` to generate, the short end of what is possible."""
+        possible = sorted(n for n in self.root.counts if n >= low and (high is None or n <= high))
+        return tuple(n for n in possible if n <= possible[0] + _REALISTIC_EXTRA) if possible else ()
+
+    def generate(self, rng: random.Random, length: int) -> str:
+        """A string of exactly ``length`` characters (one of :meth:`lengths`) matching the pattern."""
+        out: list[str] = []
+        self.root.generate(rng, length, out)
+        return "".join(out)
+
+
+def compile_pattern(source: str) -> StringPattern:
+    """Compile ``source``, or raise PatternError saying what cannot be generated."""
+    try:
+        regex = re.compile(source)
+    except re.error as exc:
+        raise PatternError(f"is not a valid regular expression: {exc}") from None
+    parser = _Parser(source, regex.flags & ~re.UNICODE)
+    root = _strip_anchors(parser.parse(), parser.budget)
+    if not root.counts:
+        raise PatternError(f"needs strings longer than {MAX_PATTERN_LENGTH} characters")
+    compiled = StringPattern(source, regex, root)
+    _probe(compiled)
+    return compiled
+
+
+def _probe(pattern: StringPattern) -> None:
+    """Refuse the pattern if any sample fails ``re.search``: a misread is never shipped."""
+    rng = random.Random(0)
+    lengths = pattern.lengths(0, None)
+    for i in range(_PROBES):
+        sample = pattern.generate(rng, lengths[i % len(lengths)])
+        if pattern.regex.search(sample) is None:
+            raise PatternError(f"uses a construct llmsim misreads (it produced {sample!r}); simplify the pattern")

@@ -1,0 +1,220 @@
+"""One accepted connection: sniffing, TLS, and the reader and writer tasks.
+
+The writer is the only task that sends.  Request handlers and the engine never touch
+the socket: they append to their stream's buffer and call :meth:`Connection.wake_writer`,
+which only sets a flag and unparks the writer.  So every write made during one engine
+step leaves in one ``send_all`` per connection, and a slow client stalls only its own
+writer.  The reader runs for the whole life of the connection, so a client that goes
+away mid-response is noticed at once (and a TLS stream is never left half-read by a
+cancelled receive).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+import trio
+
+from llmsim.api.http import Application
+from llmsim.protocol.base import ProtocolHandler
+from llmsim.protocol.detect import RECEIVE_SIZE, PrefixedStream, Wire, sniff
+from llmsim.protocol.http1 import Http1Handler
+from llmsim.protocol.http2 import Http2Handler
+from llmsim.protocol.settings import ConnectionTracker, ProtocolSettings
+
+__all__ = ["Connection"]
+
+log = logging.getLogger("llmsim.protocol")
+
+_NETWORK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError)
+
+
+@attrs.define(eq=False, repr=False)
+class Connection:
+    """Serves one client stream until it closes, fails or the server shuts down.
+
+    Usage: ``await Connection(stream, app, settings, tracker).run()``; call
+    :meth:`begin_shutdown` from elsewhere for a graceful close.
+    """
+
+    stream: trio.abc.HalfCloseableStream
+    app: Application
+    settings: ProtocolSettings
+    tracker: ConnectionTracker
+    scheme: str = "http"
+    shutting_down: bool = False
+    handler: ProtocolHandler | None = None
+    _transport: trio.abc.Stream | None = None  # the stream after TLS, if any
+    _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    _nursery: trio.Nursery | None = None
+    _writer_lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    _dirty: bool = False
+    _read_scope: trio.CancelScope | None = None
+    _read_deadline: float = math.inf
+    _reading_allowed: bool = True
+    _resume_reading: trio.Event = attrs.field(factory=trio.Event)
+    _reader_done: trio.Event = attrs.field(factory=trio.Event)
+    _lingering: bool = False
+
+    def __repr__(self) -> str:
+        return f"<Connection {type(self.handler).__name__} {self.scheme}>"
+
+    async def run(self) -> None:
+        self.tracker.connection_opened()
+        try:
+            with self._scope:
+                await self._serve()
+        except Exception:
+            log.exception("connection handler failed; the connection was closed")
+        finally:
+            if self.handler is not None:
+                self.handler.connection_lost()
+            await trio.aclose_forcefully(self._transport or self.stream)
+            self.tracker.connection_closed()
+
+    def begin_shutdown(self) -> None:
+        """Finish in-flight responses, accept no new requests, then close."""
+        self.shutting_down = True
+        if self.handler is None:
+            self._scope.cancel()  # still negotiating: nothing to finish
+        else:
+            self.handler.begin_shutdown()
+            self.wake_writer()
+
+    # --- Transport: what the protocol handler may ask of us --------------------------
+    def wake_writer(self) -> None:
+        if not self._dirty:
+            self._dirty = True
+            self._writer_lot.unpark_all()
+
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(fn, *args)
+
+    def set_read_deadline(self, deadline: float) -> None:
+        self._read_deadline = deadline
+        if self._read_scope is not None:
+            self._read_scope.deadline = deadline
+
+    def pause_reading(self) -> None:
+        self._reading_allowed = False
+
+    def resume_reading(self) -> None:
+        if not self._reading_allowed:
+            self._reading_allowed = True
+            self._resume_reading.set()
+            self._resume_reading = trio.Event()
+
+    def switch_to(self, handler: ProtocolHandler) -> None:
+        self.handler = handler
+        self.wake_writer()
+
+    # --- the tasks -------------------------------------------------------------------
+    async def _serve(self) -> None:
+        wire, prefix = Wire.CLOSED, b""
+        with trio.move_on_after(self.settings.header_read_timeout):
+            wire, prefix = await self._negotiate()
+        if wire is Wire.CLOSED:
+            return
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            self.handler = Http2Handler(self) if wire is Wire.H2 else Http1Handler(self)
+            nursery.start_soon(self._read_loop)
+            if prefix:
+                self.handler.receive(prefix)
+            await self._write_loop()
+            await self._linger()
+            nursery.cancel_scope.cancel()
+
+    async def _negotiate(self) -> tuple[Wire, bytes]:
+        """Sniff the first bytes; do the TLS handshake and ALPN when they are TLS."""
+        context = self.settings.ssl_context
+        wire, prefix = await sniff(self.stream, tls_possible=context is not None)
+        if wire is not Wire.TLS:
+            self._transport = self.stream
+            return wire, prefix
+        assert context is not None
+        tls = trio.SSLStream(PrefixedStream(self.stream, prefix), context, server_side=True, https_compatible=True)
+        self._transport = tls
+        self.scheme = "https"
+        try:
+            await tls.do_handshake()
+        except _NETWORK_ERRORS as exc:
+            log.debug("TLS handshake failed: %s", exc)
+            return Wire.CLOSED, b""
+        alpn = tls.selected_alpn_protocol()
+        if alpn == "h2":
+            return Wire.H2, b""
+        if alpn == "http/1.1":
+            return Wire.HTTP1, b""
+        return await sniff(tls, tls_possible=False)
+
+    async def _read_loop(self) -> None:
+        assert self._transport is not None and self.handler is not None
+        try:
+            while True:
+                while not self._reading_allowed:
+                    await self._resume_reading.wait()
+                with trio.CancelScope(deadline=self._read_deadline) as self._read_scope:
+                    data = await self._receive()
+                if self._read_scope.cancelled_caught:
+                    self.handler.read_timed_out()
+                    self.wake_writer()
+                    return
+                if not data:
+                    self._peer_closed()
+                    return
+                self.handler.receive(data)
+        finally:
+            self._read_scope = None
+            self._reader_done.set()
+
+    async def _receive(self) -> bytes:
+        assert self._transport is not None
+        try:
+            return await self._transport.receive_some(RECEIVE_SIZE)
+        except _NETWORK_ERRORS:
+            return b""
+
+    def _peer_closed(self) -> None:
+        assert self.handler is not None and self._nursery is not None
+        if self._lingering:
+            return  # the peer read our last bytes and closed, as hoped
+        self.handler.receive(b"")
+        self.handler.connection_lost()
+        self._nursery.cancel_scope.cancel()
+
+    async def _write_loop(self) -> None:
+        assert self._transport is not None
+        while True:
+            if not self._dirty:
+                await self._writer_lot.park()
+            self._dirty = False
+            handler = self.handler
+            assert handler is not None
+            data = handler.outgoing()
+            if data:
+                try:
+                    await self._transport.send_all(data)
+                except _NETWORK_ERRORS:
+                    handler.connection_lost()
+                    return
+            handler.flushed()
+            if handler.finished and not self._dirty:
+                return
+
+    async def _linger(self) -> None:
+        """Half-close and give the peer a moment to read the last bytes and close,
+        so that unread request bytes do not turn our close into a reset."""
+        self._lingering = True
+        with trio.move_on_after(self.settings.close_linger):
+            if isinstance(self._transport, trio.abc.HalfCloseableStream):
+                try:
+                    await self._transport.send_eof()
+                except _NETWORK_ERRORS:
+                    return
+            await self._reader_done.wait()

@@ -1,0 +1,405 @@
+"""HTTP/2 on h2: streams, flow control, refusal beyond the stream limit, GOAWAY.
+
+Each stream is one :class:`Http2Stream` (request head and body while it arrives, then
+the response buffer, window state and handler scope), kept in one dict and dropped on
+end, reset and connection loss alike.  Writes only queue the stream; the writer's
+:meth:`Http2Handler.outgoing` walks the queue once, sends each stream's bytes as DATA
+frames within its flow-control window and the peer's MAX_FRAME_SIZE, and returns the
+whole batch for a single ``send_all``.  A stream whose window is exhausted is marked
+``blocked`` and leaves the queue until its WINDOW_UPDATE, so it never holds up others.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
+import trio
+from h2.errors import ErrorCodes
+from h2.settings import SettingCodes, Settings
+from hyperframe.frame import GoAwayFrame
+
+from llmsim.api.http import HttpRequest
+from llmsim.protocol.base import Transport
+from llmsim.protocol.stream import OutboundStream, run_handler, split_target
+
+__all__ = ["Http2Handler", "Http2Stream", "UPGRADE_ERRORS"]
+
+log = logging.getLogger("llmsim.protocol")
+
+# Inbound headers are validated; outbound ones are ours, lower-cased and filtered by
+# _response_headers, so h2 need not check them again (about a fifth of its CPU time).
+_H2_CONFIG = h2.config.H2Configuration(
+    client_side=False,
+    header_encoding=None,
+    validate_outbound_headers=False,
+    normalize_outbound_headers=False,
+)
+#: What h2 is told the stream limit is: we enforce the advertised one ourselves.
+_UNLIMITED_STREAMS = 2**31 - 1
+#: Connection-specific headers that must not appear in HTTP/2 (RFC 9113 section 8.2.2).
+_HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"})
+#: What a bad ``HTTP2-Settings`` header raises from h2 (the upgrade is then declined).
+UPGRADE_ERRORS = (ValueError, h2.exceptions.ProtocolError)
+
+
+@attrs.define(eq=False, repr=False)
+class Http2Stream(OutboundStream):
+    """One HTTP/2 stream: the request while it arrives, then its response."""
+
+    request: HttpRequest | None = None  # the head, until the body is complete
+    body: list[bytes] = attrs.field(factory=list)
+    body_size: int = 0
+    blocked: bool = False  # bytes pending and the stream's send window is exhausted
+    reset_when_done: bool = False  # answered before the request ended: stop its upload
+
+
+def _connection(settings_limit: int, max_header_bytes: int, upgrade_settings: bytes | None) -> h2.connection.H2Connection:
+    """A server connection whose first SETTINGS advertise ``settings_limit`` streams.
+
+    h2 treats a HEADERS frame beyond MAX_CONCURRENT_STREAMS as a *connection* error.
+    RFC 9113 section 5.1.2 wants a stream error (REFUSED_STREAM), so once the SETTINGS
+    frame is serialized h2's own limit is lifted and :class:`Http2Handler` refuses.
+    """
+    conn = h2.connection.H2Connection(config=_H2_CONFIG)
+
+    def local_settings(limit: int) -> Settings:
+        return Settings(
+            client=False,
+            initial_values={
+                SettingCodes.MAX_CONCURRENT_STREAMS: limit,
+                SettingCodes.MAX_HEADER_LIST_SIZE: max_header_bytes,
+            },
+        )
+
+    conn.local_settings = local_settings(settings_limit)
+    if upgrade_settings is None:
+        conn.initiate_connection()
+    else:
+        conn.initiate_upgrade_connection(upgrade_settings)
+    conn.local_settings = local_settings(_UNLIMITED_STREAMS)
+    return conn
+
+
+class Http2Handler:
+    """The HTTP/2 side of one connection (prior knowledge, ALPN ``h2`` or ``h2c`` upgrade)."""
+
+    def __init__(self, transport: Transport, *, preamble: bytes = b"", upgrade_settings: bytes | None = None) -> None:
+        """``preamble``: bytes to send before the server preface (the ``101`` response).
+
+        Raises one of :data:`UPGRADE_ERRORS` if ``upgrade_settings`` (the client's
+        ``HTTP2-Settings`` header) cannot be decoded; nothing has happened then.
+        """
+        settings = transport.settings
+        self._h2 = _connection(settings.max_concurrent_streams, settings.max_header_bytes, upgrade_settings)
+        self._t = transport
+        self._streams: dict[int, Http2Stream] = {}
+        self._ready: deque[Http2Stream] = deque()
+        self._sent: list[Http2Stream] = []  # streams that sent bytes in the last batch
+        self._preamble = preamble
+        self._closing = False
+        self._finished = False
+        self._dispatch: dict[type[h2.events.Event], Callable[[Any], None]] = {
+            h2.events.RequestReceived: self._on_request,
+            h2.events.DataReceived: self._on_data,
+            h2.events.StreamEnded: self._on_stream_ended,
+            h2.events.StreamReset: self._on_stream_reset,
+            h2.events.WindowUpdated: self._on_window_updated,
+            h2.events.RemoteSettingsChanged: self._on_settings_changed,
+            h2.events.ConnectionTerminated: self._on_connection_terminated,
+        }
+        self._update_idle_deadline()
+        transport.wake_writer()
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    @property
+    def active_streams(self) -> int:
+        return len(self._streams)
+
+    def serve_upgraded(self, request: HttpRequest) -> None:
+        """Answer the HTTP/1.1 request that asked for ``Upgrade: h2c`` as stream 1."""
+        stream = self._open_stream(1, request)
+        self._start_handler(stream)
+
+    # --- input -------------------------------------------------------------------------
+    def receive(self, data: bytes) -> None:
+        if self._finished or not data:
+            return  # EOF: connection_lost follows
+        try:
+            events = self._h2.receive_data(data)
+        except h2.exceptions.ProtocolError as exc:
+            log.debug("HTTP/2 protocol error from client, closing: %s", exc)
+            self._abort_streams()  # h2 has queued a GOAWAY
+            self._finished = True
+        else:
+            dispatch = self._dispatch
+            for event in events:
+                handler = dispatch.get(type(event))
+                if handler is not None:
+                    handler(event)
+        self._t.wake_writer()
+
+    def _on_request(self, event: h2.events.RequestReceived) -> None:
+        sid = event.stream_id
+        if self._closing or len(self._streams) >= self._t.settings.max_concurrent_streams:
+            self._h2.reset_stream(sid, ErrorCodes.REFUSED_STREAM)
+            return
+        assert event.headers is not None
+        stream = self._open_stream(sid, self._request_head(event.headers))
+        length = _content_length(event.headers)
+        if length is not None and length > self._t.settings.max_body_bytes:
+            self._refuse_body(stream)
+
+    def _on_data(self, event: h2.events.DataReceived) -> None:
+        sid = event.stream_id
+        assert sid is not None and event.flow_controlled_length is not None and event.data is not None
+        self._h2.acknowledge_received_data(event.flow_controlled_length, sid)
+        stream = self._streams.get(sid)
+        if stream is None or stream.started:
+            return  # refused, or already answered
+        stream.body.append(event.data)
+        stream.body_size += len(event.data)
+        if stream.body_size > self._t.settings.max_body_bytes:
+            self._refuse_body(stream)
+
+    def _on_stream_ended(self, event: h2.events.StreamEnded) -> None:
+        assert event.stream_id is not None
+        stream = self._streams.get(event.stream_id)
+        if stream is None:
+            return
+        stream.reset_when_done = False
+        if not stream.started:
+            self._start_handler(stream)
+
+    def _on_stream_reset(self, event: h2.events.StreamReset) -> None:
+        assert event.stream_id is not None
+        stream = self._streams.pop(event.stream_id, None)
+        if stream is not None:
+            self._closed()
+            stream.abort()
+
+    def _on_window_updated(self, event: h2.events.WindowUpdated) -> None:
+        # Stream 0 (the connection window): the streams it stopped are still queued.
+        stream = self._streams.get(event.stream_id or 0)
+        if stream is not None and stream.blocked:
+            stream.blocked = False
+            self.schedule(stream)
+
+    def _on_settings_changed(self, event: h2.events.RemoteSettingsChanged) -> None:
+        if SettingCodes.INITIAL_WINDOW_SIZE in event.changed_settings:
+            for stream in self._streams.values():
+                if stream.blocked:
+                    stream.blocked = False
+                    self.schedule(stream)
+
+    def _on_connection_terminated(self, event: h2.events.ConnectionTerminated) -> None:
+        # h2 cannot send on a connection after the peer's GOAWAY.
+        self._abort_streams()
+        self._finished = True
+
+    def read_timed_out(self) -> None:
+        """Idle for the keep-alive timeout with no stream open."""
+        if not self._finished:
+            self._h2.close_connection(last_stream_id=self._h2.highest_inbound_stream_id)
+            self._finished = True
+
+    # --- streams -----------------------------------------------------------------------
+    def _request_head(self, headers: list[tuple[bytes, bytes]]) -> HttpRequest:
+        pseudo: dict[bytes, bytes] = {}
+        regular: list[tuple[bytes, bytes]] = []
+        for name, value in headers:
+            if name.startswith(b":"):
+                pseudo[name] = value
+            else:
+                regular.append((name, value))
+        authority = pseudo.get(b":authority")
+        if authority is not None and not any(name == b"host" for name, _ in regular):
+            regular.append((b"host", authority))
+        path, query = split_target(pseudo.get(b":path", b"/"))
+        return HttpRequest(
+            method=pseudo.get(b":method", b"GET").decode("ascii", "replace"),
+            path=path,
+            query=query,
+            headers=tuple(regular),
+            http_version="2",
+            scheme=pseudo.get(b":scheme", self._t.scheme.encode()).decode("ascii", "replace"),
+        )
+
+    def _open_stream(self, stream_id: int, request: HttpRequest) -> Http2Stream:
+        settings = self._t.settings
+        stream = Http2Stream(
+            host=self,
+            high_water=settings.high_water,
+            low_water=settings.low_water,
+            stream_id=stream_id,
+            head_only=request.method == "HEAD",
+            request=request,
+        )
+        self._streams[stream_id] = stream
+        self._t.tracker.stream_opened()
+        self._t.set_read_deadline(math.inf)
+        return stream
+
+    def _start_handler(self, stream: Http2Stream) -> None:
+        assert stream.request is not None
+        request = attrs.evolve(stream.request, body=b"".join(stream.body)) if stream.body else stream.request
+        stream.request = None
+        stream.body = []
+        self._t.spawn(run_handler, self._t.app, request, stream)
+
+    def _refuse_body(self, stream: Http2Stream) -> None:
+        limit = self._t.settings.max_body_bytes
+        stream.body = []
+        stream.reset_when_done = True
+        stream.respond_error(413, f"request body exceeds the limit of {limit} bytes (max-request-body-size-mb)")
+
+    def _closed(self) -> None:
+        """A stream has just left ``self._streams``."""
+        self._t.tracker.stream_closed()
+        if not self._streams:
+            if self._closing:
+                self._finished = True
+            self._update_idle_deadline()
+
+    def _update_idle_deadline(self) -> None:
+        if not self._streams:
+            self._t.set_read_deadline(trio.current_time() + self._t.settings.keep_alive_timeout)
+
+    def _abort_streams(self) -> None:
+        streams = list(self._streams.values())
+        self._streams.clear()
+        for stream in streams:
+            self._t.tracker.stream_closed()
+            stream.abort()
+
+    # --- StreamHost --------------------------------------------------------------------
+    def schedule(self, stream: OutboundStream) -> None:
+        assert isinstance(stream, Http2Stream)
+        if not stream.queued and not stream.blocked:
+            stream.queued = True
+            self._ready.append(stream)
+            self._t.wake_writer()
+
+    def fail(self, stream: OutboundStream) -> None:
+        if self._streams.pop(stream.stream_id, None) is not None:
+            self._h2.reset_stream(stream.stream_id, ErrorCodes.INTERNAL_ERROR)
+            self._closed()
+            stream.abort()
+            self._t.wake_writer()
+
+    # --- output ------------------------------------------------------------------------
+    def outgoing(self) -> bytes:
+        ready = self._ready
+        for _ in range(len(ready)):
+            stream = ready.popleft()
+            stream.queued = False
+            if not stream.closed:
+                self._send(stream)
+        data = self._h2.data_to_send()
+        if self._preamble:
+            data, self._preamble = self._preamble + data, b""
+        return data
+
+    def _send(self, stream: Http2Stream) -> None:
+        try:
+            self._send_frames(stream)
+        except h2.exceptions.StreamClosedError:
+            # h2 closed the stream itself (a stream error by the client).
+            if self._streams.pop(stream.stream_id, None) is not None:
+                self._closed()
+            stream.abort()
+
+    def _send_frames(self, stream: Http2Stream) -> None:
+        h2conn = self._h2
+        sid = stream.stream_id
+        if stream.head_pending:
+            status, headers = stream.take_head()
+            end = stream.ended and not stream.buffered
+            h2conn.send_headers(sid, _response_headers(status, headers), end_stream=end)
+            if end:
+                self._done(stream)
+                return
+        if stream.buffered:
+            self._sent.append(stream)
+        while stream.buffered:
+            window = min(h2conn.local_flow_control_window(sid), h2conn.max_outbound_frame_size)
+            if window <= 0:
+                self._wait_for_window(stream)
+                return
+            data = stream.take(window)
+            end = stream.ended and not stream.buffered
+            h2conn.send_data(sid, data, end_stream=end)
+            if end:
+                self._done(stream)
+                return
+        if stream.ended:
+            h2conn.end_stream(sid)
+            self._done(stream)
+
+    def _wait_for_window(self, stream: Http2Stream) -> None:
+        if self._h2.outbound_flow_control_window <= 0:
+            stream.queued = True  # the connection window: retry on the next batch
+            self._ready.append(stream)
+        else:
+            stream.blocked = True  # its own window: retry on its WINDOW_UPDATE
+
+    def _done(self, stream: Http2Stream) -> None:
+        """The last frame of ``stream``'s response is queued."""
+        if stream.reset_when_done:
+            self._h2.reset_stream(stream.stream_id, ErrorCodes.NO_ERROR)
+        del self._streams[stream.stream_id]
+        self._t.tracker.request_served()
+        self._closed()
+        stream.finish()
+
+    def flushed(self) -> None:
+        sent, self._sent = self._sent, []
+        for stream in sent:
+            stream.flushed()
+
+    # --- lifecycle ---------------------------------------------------------------------
+    def connection_lost(self) -> None:
+        self._abort_streams()
+        self._finished = True
+
+    def begin_shutdown(self) -> None:
+        """GOAWAY now (naming the last stream we will answer), finish those, then close.
+
+        The GOAWAY frame is built by hand: h2 stops sending DATA once it has sent a
+        GOAWAY itself (python-hyper/h2#1181), and the streams still in flight need it.
+        """
+        if self._closing or self._finished:
+            return
+        self._closing = True
+        goaway = GoAwayFrame(stream_id=0, last_stream_id=self._h2.highest_inbound_stream_id, error_code=0)
+        self._preamble += goaway.serialize()
+        if not self._streams:
+            self._finished = True
+        self._t.wake_writer()
+
+
+def _response_headers(status: int, headers: tuple[tuple[bytes, bytes], ...]) -> list[tuple[bytes, bytes]]:
+    result = [(b":status", b"%d" % status)]
+    for name, value in headers:
+        name = name.lower()
+        if name not in _HOP_BY_HOP:
+            result.append((name, value))
+    return result
+
+
+def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    for name, value in headers:
+        if name == b"content-length":
+            return int(value)  # h2 has validated it
+    return None

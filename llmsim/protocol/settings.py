@@ -1,0 +1,134 @@
+"""Limits the connection handlers enforce, and the counters every server reports.
+
+:class:`ProtocolSettings` is what ``protocol/`` needs from :class:`~llmsim.config.Config`
+(plus a few fixed protocol constants), so the handlers can be built and tested without
+a whole configuration.  :class:`ConnectionTracker`, :class:`ServerStatistics` and
+:class:`ServerHandle` are shared by the native server and the hypercorn adapter: both
+count the same things and report the same handle to ``nursery.start``.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Callable
+
+import attrs
+
+from llmsim.config import Config
+
+__all__ = [
+    "ProtocolSettings",
+    "ConnectionTracker",
+    "ServerStatistics",
+    "ServerHandle",
+    "BUFFER_HIGH_WATER",
+    "BUFFER_LOW_WATER",
+    "MAX_HEADER_BYTES",
+]
+
+#: A stream's ``write`` returns False once this many bytes wait to be sent ...
+BUFFER_HIGH_WATER = 64 * 1024
+#: ... and its ``on_drained`` callbacks run once fewer than this many are left.
+BUFFER_LOW_WATER = 16 * 1024
+#: Request line plus headers (HTTP/1.1), or the decoded header list (HTTP/2).
+MAX_HEADER_BYTES = 64 * 1024
+#: How long a closing connection waits for the peer to read the last bytes and close.
+CLOSE_LINGER = 1.0
+#: HTTP/1.1 bytes a client may pipeline while a response is streaming before we stop reading.
+MAX_PIPELINED_BYTES = 64 * 1024
+
+
+@attrs.frozen(kw_only=True)
+class ProtocolSettings:
+    """The protocol layer's view of the configuration.  Durations are seconds."""
+
+    header_read_timeout: float = 10.0
+    keep_alive_timeout: float = 75.0
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_concurrent_streams: int = 1000
+    shutdown_grace_period: float = 5.0
+    high_water: int = BUFFER_HIGH_WATER
+    low_water: int = BUFFER_LOW_WATER
+    max_header_bytes: int = MAX_HEADER_BYTES
+    close_linger: float = CLOSE_LINGER
+    max_pipelined_bytes: int = MAX_PIPELINED_BYTES
+    ssl_context: ssl.SSLContext | None = attrs.field(default=None, eq=False)
+
+    @classmethod
+    def from_config(cls, config: Config, ssl_context: ssl.SSLContext | None = None) -> ProtocolSettings:
+        return cls(
+            header_read_timeout=config.header_read_timeout,
+            keep_alive_timeout=config.keep_alive_timeout,
+            max_body_bytes=config.max_request_body_bytes,
+            max_concurrent_streams=config.max_concurrent_streams,
+            shutdown_grace_period=config.shutdown_grace_period,
+            ssl_context=ssl_context,
+        )
+
+
+@attrs.frozen
+class ServerStatistics:
+    """A snapshot of a running server (connections and streams of both protocols)."""
+
+    open_connections: int
+    active_streams: int
+    requests_served: int
+    running: int
+    waiting: int
+
+
+def _no_load() -> tuple[int, int]:
+    return (0, 0)
+
+
+@attrs.define(eq=False)
+class ConnectionTracker:
+    """Live counters, updated by the connection handlers.
+
+    ``load`` returns the engine's ``(running, waiting)`` when a snapshot is taken.
+    A stream is active from its request head until its response ends or is reset;
+    ``requests_served`` counts responses sent to the end.
+    """
+
+    load: Callable[[], tuple[int, int]] = _no_load
+    open_connections: int = 0
+    active_streams: int = 0
+    requests_served: int = 0
+
+    def connection_opened(self) -> None:
+        self.open_connections += 1
+
+    def connection_closed(self) -> None:
+        self.open_connections -= 1
+
+    def stream_opened(self) -> None:
+        self.active_streams += 1
+
+    def stream_closed(self) -> None:
+        self.active_streams -= 1
+
+    def request_served(self) -> None:
+        self.requests_served += 1
+
+    def statistics(self) -> ServerStatistics:
+        running, waiting = self.load()
+        return ServerStatistics(
+            open_connections=self.open_connections,
+            active_streams=self.active_streams,
+            requests_served=self.requests_served,
+            running=running,
+            waiting=waiting,
+        )
+
+
+@attrs.define(eq=False)
+class ServerHandle:
+    """What ``await nursery.start(serve, config)`` returns: where the server listens."""
+
+    host: str
+    port: int
+    url: str  # "http://127.0.0.1:PORT", or "https://..." with TLS
+    tracker: ConnectionTracker = attrs.field(factory=ConnectionTracker, repr=False)
+
+    def statistics(self) -> ServerStatistics:
+        return self.tracker.statistics()

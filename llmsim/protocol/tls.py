@@ -1,0 +1,61 @@
+"""The server's TLS context: certificate files or a certificate made at start-up.
+
+ALPN offers ``h2`` then ``http/1.1``; TLS 1.2 is the floor and compression is off, as
+RFC 9113 section 9.2 requires of HTTP/2 over TLS.
+"""
+
+from __future__ import annotations
+
+import ssl
+
+import trustme
+
+from llmsim.config import Config, ConfigError
+
+__all__ = ["ALPN_PROTOCOLS", "server_ssl_context", "self_signed_context"]
+
+ALPN_PROTOCOLS = ["h2", "http/1.1"]
+#: Names the start-up certificate is valid for.
+SELF_SIGNED_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def _base_context() -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.options |= ssl.OP_NO_COMPRESSION
+    # TLS 1.2 suites allowed by RFC 9113 appendix A; TLS 1.3 suites are unaffected.
+    context.set_ciphers("ECDHE+AESGCM:ECDHE+CHACHA20")
+    context.set_alpn_protocols(ALPN_PROTOCOLS)
+    return context
+
+
+def self_signed_context(names: tuple[str, ...] = SELF_SIGNED_NAMES) -> ssl.SSLContext:
+    """A context with a fresh certificate for ``names``, signed by a throw-away CA.
+
+    Clients must skip verification (``curl -k``): the CA exists only in memory.
+    """
+    context = _base_context()
+    trustme.CA().issue_cert(*names).configure_cert(context)
+    return context
+
+
+def server_ssl_context(config: Config) -> ssl.SSLContext | None:
+    """The TLS context ``config`` asks for, or None for plain TCP.
+
+    Raises:
+        ConfigError: the certificate or key file cannot be read or do not match.
+    """
+    if config.self_signed_certs:
+        return self_signed_context()
+    if config.ssl_certfile is None:
+        return None
+    context = _base_context()
+    try:
+        context.load_cert_chain(config.ssl_certfile, config.ssl_keyfile)
+    except OSError as exc:  # ssl.SSLError is an OSError too
+        raise ConfigError(
+            "ssl-certfile",
+            f"cannot use certificate {config.ssl_certfile!r} with key {config.ssl_keyfile!r}: {exc}; "
+            "give a PEM certificate chain and its matching PEM private key",
+        ) from None
+    return context

@@ -1,0 +1,167 @@
+"""Test doubles for the API layer: a ResponseStream that records, and a simulator to
+drive handlers with no server (shared by the test_api_* modules)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+import trio
+
+from llmsim.api.generation import StreamingSink, StreamRenderer
+from llmsim.api.http import Headers, HttpRequest
+from llmsim.app import Simulator
+from llmsim.config import Config
+from llmsim.engine.job import Job, JobSink
+from llmsim.engine.scheduler import Engine
+
+__all__ = ["FakeResponse", "EngineRun", "make_job", "make_simulator", "running", "post", "sse_payloads", "CREATED"]
+
+CREATED = 1_700_000_000  # the wall clock of every simulator built here
+
+
+class FakeResponse:
+    """Records what a handler does to its response; ``full`` makes writes report a
+    full buffer until :meth:`drain`.  Writes are stamped with ``clock()``."""
+
+    def __init__(self, clock: Callable[[], float] = trio.current_time) -> None:
+        self._clock = clock
+        self.status: int | None = None
+        self.headers: dict[bytes, bytes] = {}
+        self.writes: list[tuple[float, bytes]] = []  # (clock(), bytes), end() included
+        self.ended = False
+        self.full = False
+        self._drained: list[Callable[[], None]] = []
+        self._closed: list[Callable[[], None]] = []
+
+    @property
+    def closed(self) -> bool:
+        return self.ended
+
+    @property
+    def started(self) -> bool:
+        return self.status is not None
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(data for _, data in self.writes)
+
+    def json(self) -> Any:
+        return orjson.loads(self.body)
+
+    def start(self, status: int, headers: Headers) -> None:
+        assert self.status is None, "response started twice"
+        self.status = status
+        self.headers = dict(headers)
+
+    def write(self, data: bytes) -> bool:
+        assert self.started and not self.ended, "write outside start..end"
+        self.writes.append((self._clock(), data))
+        return not self.full
+
+    def end(self, data: bytes = b"") -> None:
+        assert self.started and not self.ended, "end outside start..end"
+        self.writes.append((self._clock(), data))
+        self.ended = True
+
+    def on_drained(self, callback: Callable[[], None]) -> None:
+        self._drained.append(callback)
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        self._closed.append(callback)
+
+    def drain(self) -> None:
+        self.full = False
+        callbacks, self._drained = self._drained, []
+        for callback in callbacks:
+            callback()
+
+
+def make_simulator(**config: Any) -> Simulator:
+    """A simulator with a fixed wall clock (``created`` == :data:`CREATED`).  Must be
+    built inside trio (its engine clock is trio's)."""
+    sim = Simulator(Config(**{"port": 0, "seed": 7, **config}))
+    sim.ctx.wall_clock = lambda: float(CREATED)
+    return sim
+
+
+async def post(
+    sim: Simulator, path: str, body: object, headers: Headers = (), response: FakeResponse | None = None
+) -> FakeResponse:
+    """Answer one request with ``sim`` (whose engine task must be running)."""
+    response = response or FakeResponse()
+    raw = body if isinstance(body, bytes) else orjson.dumps(body)
+    request = HttpRequest("POST", path, headers=((b"content-type", b"application/json"), *headers), body=raw)
+    await sim.app.handle(request, response)
+    return response
+
+
+def sse_payloads(body: bytes) -> list[Any]:
+    """The decoded ``data:`` payloads of an event stream (``[DONE]`` as a string)."""
+    assert body.endswith(b"\n\n"), body[-40:]
+    events = body[:-2].split(b"\n\n")
+    payloads = []
+    for event in events:
+        assert event.startswith(b"data: "), event
+        data = event[len(b"data: ") :]
+        payloads.append("[DONE]" if data == b"[DONE]" else orjson.loads(data))
+    return payloads
+
+
+class EngineRun:
+    """A real Engine driven by hand with explicit times (no trio, no server): stream
+    sinks write into :attr:`response`, stamped with the engine time of the step."""
+
+    def __init__(self, **config: Any) -> None:
+        self.now = 0.0
+        self.engine = Engine(Config(**{"port": 0, "seed": 1, **config}))
+        self.response = FakeResponse(clock=lambda: self.now)
+        self.response.start(200, ())
+
+    def streaming_sink(self, renderer: StreamRenderer, job_count: int) -> StreamingSink:
+        return StreamingSink(self.response, renderer, job_count, lambda job: self.engine.resume(job, self.now))
+
+    def submit(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            self.engine.submit(job, self.now)
+
+    def step_to(self, now: float) -> None:
+        self.now = now
+        self.engine.step(now)
+
+    def run(self) -> None:
+        """Step at every deadline until nothing is left to do."""
+        while (deadline := self.engine.next_deadline()) != math.inf:
+            self.step_to(deadline)
+
+    def writes_at(self) -> dict[float, bytes]:
+        """The bytes written in each step, by rounded step time."""
+        steps: dict[float, bytes] = {}
+        for when, data in self.response.writes:
+            key = round(when, 6)
+            steps[key] = steps.get(key, b"") + data
+        return steps
+
+
+def make_job(sink: JobSink, pieces: tuple[str, ...], finish_reason: str = "stop", *, index: int = 0, prompt_tokens: int = 3) -> Job:
+    return Job(
+        prompt_token_ids=tuple(range(1, prompt_tokens + 1)),
+        output=pieces,
+        finish_reason=finish_reason,
+        sink=sink,
+        index=index,
+        request_id="1",
+    )
+
+
+@asynccontextmanager
+async def running(**config: Any) -> AsyncIterator[Simulator]:
+    """A simulator (see :func:`make_simulator`) with its engine task running."""
+    sim = make_simulator(**config)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sim.run_engine)
+        yield sim
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,116 @@
+"""Random sequences of submit / cancel / step / pause / resume keep the engine consistent."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import attrs
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmsim.config import Config
+from llmsim.engine import MAX_TOKENS_PER_STEP, Engine, Job, JobState, QueueFullError
+
+CONFIG = Config(
+    max_num_seqs=3,
+    max_waiting_queue_length=4,
+    max_num_batched_tokens=20,
+    time_to_first_token=0.01,
+    time_to_first_token_std_dev=0.003,
+    inter_token_latency=0.005,
+    inter_token_latency_std_dev=0.001,
+    time_factor_under_load=2.0,
+)
+
+
+@attrs.define
+class CheckingSink:
+    """Asserts the sink contract on every call."""
+
+    accept: bool = True
+    ranges: list[tuple[int, int]] = attrs.Factory(list)
+    last_now: float = -math.inf
+
+    def on_output(self, job: Job, start: int, stop: int, now: float) -> bool:
+        expected_start = self.ranges[-1][1] if self.ranges else 0
+        assert start == expected_start and job.emitted == stop
+        assert stop - start <= MAX_TOKENS_PER_STEP
+        assert stop > start or len(job.output) == 0
+        assert now >= self.last_now and job.admitted_time is not None and now >= job.admitted_time
+        assert (job.state is JobState.FINISHED) == (stop == len(job.output))
+        self.ranges.append((start, stop))
+        self.last_now = now
+        return self.accept
+
+
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("submit"), st.integers(0, 60), st.integers(0, 40), st.integers(0, 30)),
+        st.tuples(st.just("cancel"), st.integers(0, 100)),
+        st.tuples(st.just("step"), st.floats(0.0, 0.03)),
+        st.tuples(st.just("block"), st.integers(0, 100)),
+        st.tuples(st.just("resume"), st.integers(0, 100)),
+    ),
+    max_size=60,
+)
+
+
+def _check_counts(engine: Engine, jobs: list[Job]) -> None:
+    stats = engine.statistics()
+    states = [job.state for job in jobs]
+    assert stats.running == sum(s in (JobState.PREFILL, JobState.DECODING) for s in states) <= CONFIG.max_num_seqs
+    assert stats.waiting == states.count(JobState.WAITING) <= CONFIG.max_waiting_queue_length
+    assert stats.finished == states.count(JobState.FINISHED)
+    assert stats.cancelled == states.count(JobState.CANCELLED)
+    assert stats.rejected == states.count(JobState.REJECTED)
+    assert stats.submitted == len(jobs)
+    assert stats.generated_tokens == sum(job.emitted for job in jobs)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=operations, seed=st.integers(0, 1000))
+def test_engine_stays_consistent(ops: list[tuple[object, ...]], seed: int) -> None:
+    engine = Engine(CONFIG, rng=random.Random(seed))
+    jobs: list[Job] = []
+    emitted_at_cancel: dict[int, int] = {}
+    now = 0.0
+    for op in ops:
+        kind = op[0]
+        if kind == "submit":
+            _, prompt, output, cached = op
+            job = Job(list(range(int(prompt))), ("x",) * int(output), "stop", CheckingSink(), cached_tokens=int(cached))
+            jobs.append(job)
+            try:
+                engine.submit(job, now)
+            except QueueFullError:
+                assert job.state is JobState.REJECTED
+        elif kind == "step":
+            now += float(op[1])  # type: ignore[arg-type]
+            engine.step(now)
+        elif jobs:
+            job = jobs[int(op[1]) % len(jobs)]  # type: ignore[call-overload]
+            if kind == "cancel":
+                engine.cancel(job, now)
+                emitted_at_cancel.setdefault(id(job), len(job.sink.ranges))  # type: ignore[attr-defined]
+            elif kind == "block":
+                job.sink.accept = False  # type: ignore[attr-defined]
+            else:
+                job.sink.accept = True  # type: ignore[attr-defined]
+                engine.resume(job, now)
+        _check_counts(engine, jobs)
+
+    for job in jobs:  # unblock everyone and drain
+        job.sink.accept = True  # type: ignore[attr-defined]
+        engine.resume(job, now)
+    while (deadline := engine.next_deadline()) != math.inf:
+        now = max(now, deadline)
+        engine.step(now)
+    _check_counts(engine, jobs)
+    assert engine.statistics().running == engine.statistics().waiting == 0
+    for job in jobs:
+        assert job.state in (JobState.FINISHED, JobState.CANCELLED, JobState.REJECTED)
+        if job.state is JobState.FINISHED:
+            assert job.emitted == len(job.output)
+        if id(job) in emitted_at_cancel:  # no output after a cancel
+            assert len(job.sink.ranges) == emitted_at_cancel[id(job)]  # type: ignore[attr-defined]

@@ -1,0 +1,45 @@
+"""SSE helpers: escaping (against the JSON the chunks must stay), the in-band error."""
+
+from __future__ import annotations
+
+import json
+
+import orjson
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llmsim.api import sse
+from llmsim.api.errors import ApiError
+
+
+@given(st.text())
+def test_escape_is_exactly_the_inside_of_a_json_string(text: str) -> None:
+    escaped = sse.escape(text)
+    assert b'"' + escaped + b'"' == orjson.dumps(text)
+    assert json.loads(b'"' + escaped + b'"') == text
+    assert sse.escape_uncached(text) == escaped
+
+
+def test_escape_writes_utf8_and_short_control_escapes() -> None:
+    assert sse.escape('a"b\\c\n\t\r\x08\x0c\x1f/\u00e9\u2028') == ('a\\"b\\\\c\\n\\t\\r\\b\\f\\u001f/\u00e9\u2028').encode()
+
+
+def test_the_piece_cache_stays_bounded() -> None:
+    for i in range(sse._CACHE_LIMIT + 10):
+        sse.escape(f"piece {i}")
+    assert 0 < len(sse._escaped) <= sse._CACHE_LIMIT
+    long_text = "x" * (sse._CACHED_LENGTH + 1)
+    sse.escape(long_text)
+    assert long_text not in sse._escaped
+
+
+def test_error_events_are_vllms_bytes_then_done() -> None:
+    error = ApiError(400, "bad \u00e9", param="n")
+    assert sse.error_events(error) == (
+        b'data: {"error": {"message": "bad \\u00e9", "type": "BadRequestError", "param": "n", "code": 400}}\n\n'
+        b"data: [DONE]\n\n"
+    )
+
+
+def test_sse_content_type() -> None:
+    assert sse.SSE_HEADERS == ((b"content-type", b"text/event-stream; charset=utf-8"),)
