@@ -10,9 +10,32 @@ Embedded use::
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-from llmsim.config import Config, ConfigError  # noqa: E402
-from llmsim.server import ServerHandle, ServerStatistics, serve  # noqa: E402
-
 __all__ = ["Config", "ConfigError", "ServerHandle", "ServerStatistics", "serve", "__version__"]
+
+if TYPE_CHECKING:
+    from llmsim.config import Config, ConfigError
+    from llmsim.server import ServerHandle, ServerStatistics, serve
+
+_LAZY = {
+    "Config": "llmsim.config",
+    "ConfigError": "llmsim.config",
+    "ServerHandle": "llmsim.server",
+    "ServerStatistics": "llmsim.server",
+    "serve": "llmsim.server",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import the public names on first use, so ``import llmsim.config`` stays light."""
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'llmsim' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value

@@ -7,7 +7,7 @@ import time
 
 import trio
 
-from llmsim.api import basic, chat, completions
+from llmsim.api import basic, chat, completions, messages, responses
 from llmsim.api.context import ApiContext
 from llmsim.api.router import Api, Router
 from llmsim.config import Config
@@ -24,6 +24,8 @@ def build_router() -> Router:
     basic.register(router)
     chat.register(router)
     completions.register(router)
+    responses.register(router)
+    messages.register(router)
     return router
 
 

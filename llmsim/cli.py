@@ -82,7 +82,8 @@ _GROUPS: tuple[tuple[str, dict[str, FlagDoc]], ...] = (
             "max_num_seqs": FlagDoc("N", "running slots: requests decoded together, one token per step"),
             "max_waiting_queue_length": FlagDoc("N", "requests that may wait for a slot; beyond that, 429"),
             "max_num_batched_tokens": FlagDoc(
-                "TOKENS", "token budget of one engine step (long prompts prefill in chunks)"
+                "TOKENS",
+                "token budget of one engine step (long prompts prefill in chunks); unset: max(8192, max-num-seqs)",
             ),
         },
     ),

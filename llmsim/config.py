@@ -136,7 +136,9 @@ class Config:
     # --- engine --------------------------------------------------------------------
     max_num_seqs: int = attrs.field(default=256, validator=_positive)
     max_waiting_queue_length: int = attrs.field(default=1000, validator=_non_negative)
-    max_num_batched_tokens: int = attrs.field(default=8192, validator=_positive)
+    max_num_batched_tokens: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_positive)
+    )
 
     # --- latency model (llm-d-inference-sim flag names) ------------------------------
     latency_calculator: str = attrs.field(default="", validator=_one_of("", "constant", "per-token"))
@@ -188,12 +190,26 @@ class Config:
         for name in self.served_model_name:
             if not name:
                 raise ConfigError("served-model-name", "names must not be empty")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError(
+                "max-num-batched-tokens",
+                f"({self.max_num_batched_tokens}) must be >= max-num-seqs ({self.max_num_seqs}), as vLLM requires: "
+                "every running sequence needs one token of each step's budget",
+            )
 
     # --- derived -------------------------------------------------------------------
     @property
     def model_names(self) -> tuple[str, ...]:
         """Names a request may use; the first is the one reported in responses."""
         return self.served_model_name or (self.model,)
+
+    @property
+    def batched_token_budget(self) -> int:
+        """Tokens per engine step: max-num-batched-tokens, or by default
+        max(8192, max-num-seqs) so that decoding never starves prefill."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return max(8192, self.max_num_seqs)
 
     @property
     def display_model(self) -> str:

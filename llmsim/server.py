@@ -19,6 +19,7 @@ import attrs
 import trio
 
 from llmsim.api.http import Application
+from llmsim.app import Simulator
 from llmsim.config import Config
 from llmsim.protocol.connection import Connection
 from llmsim.protocol.settings import ConnectionTracker, ProtocolSettings, ServerHandle, ServerStatistics
@@ -31,9 +32,6 @@ LISTEN_BACKLOG = 4096
 
 async def serve(config: Config, *, task_status: trio.TaskStatus[ServerHandle] = trio.TASK_STATUS_IGNORED) -> None:
     """Run a simulator for ``config`` until cancelled; ``nursery.start`` returns its handle."""
-    # Imported here, not at the top: ``import llmsim`` (config, CLI) need not load the engine.
-    from llmsim.app import Simulator
-
     sim = Simulator(config)
 
     def load() -> tuple[int, int]:
@@ -42,7 +40,7 @@ async def serve(config: Config, *, task_status: trio.TaskStatus[ServerHandle] = 
 
     tracker = ConnectionTracker(load=load)
     if config.server == "hypercorn":
-        from llmsim.protocol.asgi_server import serve_hypercorn
+        from llmsim.protocol.asgi_server import serve_hypercorn  # hypercorn loads only when asked for
 
         await serve_hypercorn(sim, config, tracker, task_status=task_status)
     else:
@@ -80,7 +78,8 @@ async def open_listener(host: str, port: int) -> trio.SocketListener:
     except OSError as exc:
         sock.close()
         raise OSError(
-            exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}; choose another --host/--port (port 0 picks a free one)"
+            exc.errno,
+            f"cannot listen on {host}:{port}: {exc.strerror}; choose another --host/--port (port 0 picks a free one)",
         ) from exc
     return trio.SocketListener(sock)
 
@@ -94,9 +93,9 @@ class _NativeServer:
     app: Application
     settings: ProtocolSettings
     tracker: ConnectionTracker
-    _connections: set[Connection] = attrs.field(factory=set)
-    _shutting_down: bool = False
-    _all_closed: trio.Event = attrs.field(factory=trio.Event)
+    _connections: set[Connection] = attrs.field(factory=set, init=False)
+    _shutting_down: bool = attrs.field(default=False, init=False)
+    _all_closed: trio.Event = attrs.field(factory=trio.Event, init=False)
 
     async def run(
         self,
@@ -111,7 +110,9 @@ class _NativeServer:
         async with trio.open_nursery() as nursery:
             core_nursery: trio.Nursery = await nursery.start(self._run_core, core, background)
             core.shield = True  # from here on, cancellation means graceful shutdown
-            await nursery.start(partial(trio.serve_listeners, self._serve_connection, [listener], handler_nursery=core_nursery))
+            await nursery.start(
+                partial(trio.serve_listeners, self._serve_connection, [listener], handler_nursery=core_nursery)
+            )
             task_status.started(handle)
             try:
                 await trio.sleep_forever()

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import attrs
 import trio
 
 from llmsim.config import Config
@@ -24,8 +25,6 @@ async def open_simulator(config: Config | None = None, **overrides: Any) -> Asyn
     if config is None:
         config = Config(**{"port": 0, **overrides})
     elif overrides:
-        import attrs
-
         config = attrs.evolve(config, **overrides)
     async with trio.open_nursery() as nursery:
         handle: ServerHandle = await nursery.start(serve, config)

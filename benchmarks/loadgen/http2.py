@@ -174,14 +174,16 @@ class _Client:
         position = 0
         pending: dict[int, list[bytes]] = {}
         bodies = self.bodies
+        unpack = _HEAD.unpack_from
+        received = 0
         while size - position >= 9:
-            high, low, kind, flags, stream_id = _HEAD.unpack_from(buffer, position)
+            high, low, kind, flags, stream_id = unpack(buffer, position)
             end = position + 9 + (high << 8 | low)
             if end > size:
                 break
             stream_id &= 0x7FFFFFFF
             if kind == DATA:
-                self.unacknowledged += end - position - 9
+                received += end - position - 9
                 if stream_id in bodies:
                     payload = buffer[position + 9 : end]
                     if flags & PADDED:
@@ -197,6 +199,7 @@ class _Client:
                 self._control(kind, flags, stream_id, buffer[position + 9 : end], pending, now)
             position = end
         self.buffer = buffer[position:]
+        self.unacknowledged += received
         for stream_id, pieces in pending.items():
             body = bodies.get(stream_id)
             if body is not None:

@@ -8,6 +8,7 @@ common start time, so interpreter start-up never eats into the measured window.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import time
 from multiprocessing.connection import Connection
@@ -20,7 +21,7 @@ from benchmarks.loadgen.http2 import run_h2_connection
 from benchmarks.loadgen.plan import Plan
 from benchmarks.loadgen.records import StreamRecord, chat_body
 
-__all__ = ["LoadResult", "LoadSpec", "run_load"]
+__all__ = ["LoadResult", "LoadSpec", "run_load", "runnable_seconds"]
 
 #: How long a worker may take to start, and to hand its records back after the stop time.
 WORKER_TIMEOUT = 60.0
@@ -70,13 +71,15 @@ class LoadSpec:
 
 @attrs.frozen
 class LoadResult:
-    """Every stream's record, the common time frame and the client's own CPU use."""
+    """Every stream's record, the common time frame and the client's own CPU use
+    (CPU seconds and runnable seconds, summed over the worker processes)."""
 
     spec: LoadSpec
     start_at: float
     stop_at: float
     records: list[StreamRecord]
     client_cpu_seconds: float
+    client_runnable_seconds: float
 
     @property
     def window(self) -> tuple[float, float]:
@@ -102,12 +105,13 @@ def run_load(spec: LoadSpec) -> LoadResult:
         for _, pipe in workers:
             pipe.send((start_at, stop_at))
         records: list[StreamRecord] = []
-        cpu = 0.0
+        cpu = runnable = 0.0
         for _, pipe in workers:
-            worker_records, worker_cpu = _expect(pipe, spec.duration + WORKER_TIMEOUT, "records")
+            worker_records, (worker_cpu, worker_runnable) = _expect(pipe, spec.duration + WORKER_TIMEOUT, "records")
             records.extend(worker_records)
             cpu += worker_cpu
-        return LoadResult(spec, start_at, stop_at, records, cpu)
+            runnable += worker_runnable
+        return LoadResult(spec, start_at, stop_at, records, cpu, runnable)
     finally:
         for process, pipe in workers:
             pipe.close()
@@ -120,7 +124,10 @@ def run_load(spec: LoadSpec) -> LoadResult:
 def _expect(pipe: Connection, timeout: float, what: str):  # type: ignore[no-untyped-def]
     if not pipe.poll(timeout):
         raise TimeoutError(f"load generator worker sent no {what} within {timeout:.0f} s")
-    return pipe.recv()
+    try:
+        return pipe.recv()
+    except EOFError:
+        raise RuntimeError(f"load generator worker died before it sent its {what} (see its traceback above)") from None
 
 
 def _worker(spec: LoadSpec, index: int, pipe: Connection) -> None:
@@ -128,10 +135,27 @@ def _worker(spec: LoadSpec, index: int, pipe: Connection) -> None:
     pipe.send("ready")
     start_at, stop_at = pipe.recv()
     plan = Plan(spec.host, spec.port, spec.path, chat_body(spec.model, spec.max_tokens), stop_at)
-    cpu_before = time.process_time()
+    cpu_before, runnable_before = time.process_time(), runnable_seconds()
     trio.run(_drive, spec, index, plan, start_at)
-    pipe.send((plan.records, time.process_time() - cpu_before))
+    usage = (time.process_time() - cpu_before, runnable_seconds() - runnable_before)
+    pipe.send((plan.records, usage))
     pipe.close()
+
+
+def runnable_seconds(pid: int | str = "self") -> float:
+    """Seconds this process's main thread ran or waited for a CPU (Linux schedstat).
+
+    On a shared machine CPU time alone cannot tell a saturated process from an idle one
+    (a saturated process gets only its share of the cores); time spent runnable can:
+    runnable seconds per wall second near 1.0 means the process never waited for input.
+    NaN where /proc/<pid>/schedstat does not exist.
+    """
+    try:
+        with open(f"/proc/{pid}/schedstat") as file:
+            on_cpu, waiting, _ = file.read().split()
+    except (OSError, ValueError):
+        return math.nan
+    return (int(on_cpu) + int(waiting)) / 1e9
 
 
 async def _drive(spec: LoadSpec, index: int, plan: Plan, start_at: float) -> None:

@@ -68,6 +68,9 @@ class LoadSummary:
     client_cpu_seconds: float
     #: Client CPU seconds per wall second of the run, all workers together (1.0 = one core).
     client_cpu_share: float
+    #: Client runnable (on CPU or waiting for one) seconds per wall second and worker
+    #: process: near 1.0 the load generator itself was the bottleneck.
+    client_busy: float
 
 
 def summarize(result: LoadResult) -> LoadSummary:
@@ -105,6 +108,7 @@ def summarize(result: LoadResult) -> LoadSummary:
         itl=percentiles([gap for r in measured for gap in r.gaps]),
         client_cpu_seconds=result.client_cpu_seconds,
         client_cpu_share=result.client_cpu_seconds / result.spec.duration,
+        client_busy=result.client_runnable_seconds / (result.spec.duration * result.spec.processes),
     )
 
 

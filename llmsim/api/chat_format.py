@@ -10,29 +10,76 @@ Streams follow vLLM 0.29 (captured on the wire) without ``system_fingerprint``::
 
 The role chunk of a choice goes out with its first token (after TTFT), the usage chunk
 only with ``stream_options.include_usage``.  Each chunk carries one choice.
+
+A choice that calls tools streams, after its role chunk, per call one header chunk
+``"delta":{"tool_calls":[{"id":…,"type":"function","index":k,"function":{"name":…}}]}``
+(no ``arguments`` key; sent with the call's first token) and then one chunk per
+argument token, ``"delta":{"tool_calls":[{"index":k,"function":{"arguments":"…"}}]}``:
+id, type and name are never repeated, since the openai SDK's ``.stream()`` helper
+concatenates every string it sees twice.  Its finish chunk says ``tool_calls``.  With
+``logprobs`` each token's chunk carries ``{"content":[<entry>]}`` instead of ``null``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import attrs
+
+from llmsim.api.logprobs_format import ChatLogprobs
 from llmsim.api.sse import DONE_EVENT, escape, escape_uncached, json_bytes
+from llmsim.api.turns import Block
 from llmsim.api.usage import Usage
 from llmsim.engine.job import Job, JobState
 
 __all__ = ["ChatStreamRenderer", "chat_completion_body"]
 
-_ROLE_DELTA = b',"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":null,"prompt_text":null}\n\n'
+_ROLE_DELTA = (
+    b',"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],'
+    b'"prompt_token_ids":null,"prompt_text":null}\n\n'
+)
 _CONTENT_OPEN = b',"delta":{"content":"'
-_TOKEN_CLOSE = b'"},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
+_CONTENT_CLOSE = b'"},"logprobs":'
+_CHUNK_TAIL = b',"finish_reason":null,"token_ids":null}]}\n\n'
+_TOKEN_CLOSE = _CONTENT_CLOSE + b"null" + _CHUNK_TAIL
+_CALL_OPEN = b',"delta":{"tool_calls":[{"index":'
+_ARGUMENTS_OPEN = b',"function":{"arguments":"'
+_ARGUMENTS_CLOSE = b'"}}]},"logprobs":'
 _ECHO_CLOSE = b'"},"logprobs":null,"finish_reason":null}]}\n\n'
 _FINISH_OPEN = b',"delta":{"content":""},"logprobs":null,"finish_reason":'
 _FINISH_CLOSE = b',"stop_reason":null,"token_ids":null}]}\n\n'
 _FINISHED = JobState.FINISHED  # a module global: enum member lookups cost on the per-token path
 
 
+@attrs.frozen
+class _CallChunks:
+    """One choice's tool calls, pre-rendered: the header chunk of each call (keyed by
+    its first token) and, per token, its argument chunk up to the token's text."""
+
+    headers: dict[int, bytes]
+    opens: tuple[bytes, ...]
+
+    @classmethod
+    def of(cls, choice_head: bytes, calls: Sequence[Block]) -> _CallChunks:
+        headers = {}
+        opens: list[bytes] = []
+        for k, call in enumerate(calls):
+            headers[call.start] = (
+                choice_head + b',"delta":{"tool_calls":[{"id":' + json_bytes(call.call_id)
+                + b',"type":"function","index":' + str(k).encode() + b',"function":{"name":'
+                + json_bytes(call.name) + b'}}]},"logprobs":null' + _CHUNK_TAIL
+            )
+            opens.extend([choice_head + _CALL_OPEN + str(k).encode() + _ARGUMENTS_OPEN] * (call.stop - call.start))
+        return cls(headers, tuple(opens))
+
+
 class ChatStreamRenderer:
-    """Renders one streaming chat request's jobs (one job per choice) into SSE bytes."""
+    """Renders one streaming chat request's jobs (one job per choice) into SSE bytes.
+
+    ``tool_calls[i]`` are the calls choice ``i`` makes (its output pieces are their
+    arguments; empty: the choice answers with text); ``logprobs`` adds each token's
+    logprobs to its chunk.
+    """
 
     def __init__(
         self,
@@ -43,6 +90,8 @@ class ChatStreamRenderer:
         choices: int,
         include_usage: bool,
         echo: str | None = None,
+        tool_calls: Sequence[Sequence[Block]] | None = None,
+        logprobs: ChatLogprobs | None = None,
     ) -> None:
         head = (
             b'data: {"id":' + json_bytes(response_id) + b',"object":"chat.completion.chunk","created":'
@@ -54,12 +103,18 @@ class ChatStreamRenderer:
         self._usage_head = head + b'"choices":[],"usage":'
         self._include_usage = include_usage
         self._echo = None if echo is None else escape_uncached(echo)
+        per_choice = tool_calls or [()] * choices
+        self._calls = [
+            _CallChunks.of(head, calls) if calls else None for head, calls in zip(self._choice_heads, per_choice)
+        ]
+        self._logprobs = logprobs
+        self._plain = tool_calls is None and logprobs is None  # every chunk a bare text token
 
     def render(self, job: Job, start: int, stop: int) -> bytes:
         """The events for ``job.output[start:stop]``: the role chunk (and the echoed
         assistant prefix) on the first call, a chunk per token, the finish chunk last."""
         index = job.index
-        if start and stop - start == 1 and job.state is not _FINISHED:  # the common case: one more token
+        if self._plain and start and stop - start == 1 and job.state is not _FINISHED:  # the common case
             return self._token_opens[index] + escape(job.output[start]) + _TOKEN_CLOSE
         events = []
         if start == 0:
@@ -67,11 +122,29 @@ class ChatStreamRenderer:
             if self._echo is not None:
                 events.append(self._token_opens[index] + self._echo + _ECHO_CLOSE)
         if stop > start:
-            pieces = [escape(piece) for piece in job.output[start:stop]]
-            events.append(self._token_opens[index] + self._token_joiners[index].join(pieces) + _TOKEN_CLOSE)
+            events.append(self._tokens(job, start, stop))
         if job.state is _FINISHED:
             events.append(self._choice_heads[index] + _FINISH_OPEN + json_bytes(job.finish_reason) + _FINISH_CLOSE)
         return b"".join(events)
+
+    def _tokens(self, job: Job, start: int, stop: int) -> bytes:
+        index = job.index
+        if self._plain:
+            pieces = [escape(piece) for piece in job.output[start:stop]]
+            return self._token_opens[index] + self._token_joiners[index].join(pieces) + _TOKEN_CLOSE
+        calls, logprobs = self._calls[index], self._logprobs
+        chunks = []
+        for position in range(start, stop):
+            piece = escape(job.output[position])
+            values = b"null" if logprobs is None else logprobs.token_bytes(job, position)
+            if calls is None:
+                chunks.append(self._token_opens[index] + piece + _CONTENT_CLOSE + values + _CHUNK_TAIL)
+                continue
+            header = calls.headers.get(position)
+            if header is not None:
+                chunks.append(header)
+            chunks.append(calls.opens[position] + piece + _ARGUMENTS_CLOSE + values + _CHUNK_TAIL)
+        return b"".join(chunks)
 
     def tail(self, jobs: Sequence[Job]) -> bytes:
         """After the last choice finished: the usage chunk if asked for, then [DONE]."""
@@ -88,22 +161,19 @@ def chat_completion_body(
     model: str,
     jobs: Sequence[Job],
     echo: str | None = None,
+    tool_calls: Sequence[Sequence[Block]] | None = None,
+    logprobs: ChatLogprobs | None = None,
 ) -> bytes:
-    """The non-streaming response, in vLLM 0.26's shape (every field, nulls included)."""
-    prefix = echo or ""
+    """The non-streaming response, in vLLM 0.26's shape (every field, nulls included).
+
+    A choice with tool calls has ``content`` null (or just the echoed prefix) and its
+    calls in ``tool_calls``, between ``function_call`` and ``reasoning``.
+    """
     choices = [
         {
             "index": job.index,
-            "message": {
-                "role": "assistant",
-                "content": prefix + "".join(job.output),
-                "refusal": None,
-                "annotations": None,
-                "audio": None,
-                "function_call": None,
-                "reasoning": None,
-            },
-            "logprobs": None,
+            "message": _message(job, echo, tool_calls[job.index] if tool_calls else ()),
+            "logprobs": None if logprobs is None else logprobs.of(job),
             "finish_reason": job.finish_reason,
             "stop_reason": None,
             "token_ids": None,
@@ -129,3 +199,26 @@ def chat_completion_body(
             "metrics": None,
         }
     )
+
+
+def _message(job: Job, echo: str | None, calls: Sequence[Block]) -> dict[str, object]:
+    prefix = echo or ""
+    message: dict[str, object] = {
+        "role": "assistant",
+        "content": (prefix or None) if calls else prefix + "".join(job.output),
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+    }
+    if calls:
+        message["tool_calls"] = [
+            {
+                "id": call.call_id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": "".join(job.output[call.start : call.stop])},
+            }
+            for call in calls
+        ]
+    message["reasoning"] = None
+    return message

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from llmsim.api.completions_format import CompletionStreamRenderer, completion_body
-from llmsim.api.context import Call
+from llmsim.api.context import ApiContext, Call
 from llmsim.api.errors import JSON_HEADERS
 from llmsim.api.generation import GenerationPlan, PromptPlan, RequestIdentity, generate_all, generate_stream
-from llmsim.api.prompts import check_context_length, completion_prompts
-from llmsim.api.requests import parse_completion_request
+from llmsim.api.logprobs_format import CompletionLogprobs, EchoedPrompt, choice_seed
+from llmsim.api.prompts import CompletionPrompt, check_context_length, completion_prompts
+from llmsim.api.requests import CompletionRequest, parse_completion_request
 from llmsim.api.router import Router
 
 __all__ = ["completions", "register"]
@@ -32,6 +33,7 @@ async def completions(call: Call) -> None:
     )
     created = int(ctx.wall_clock())
     echo_prompts = [prompt.text for prompt in prompts] if request.echo else None
+    logprobs = _logprobs(ctx, request, prompts, identity.request_id, plan.job_count)
     if request.streaming:
         renderer = CompletionStreamRenderer(
             response_id=identity.response_id,
@@ -41,6 +43,7 @@ async def completions(call: Call) -> None:
             choices_per_prompt=n,
             include_usage=request.include_usage,
             echo_prompts=echo_prompts,
+            logprobs=logprobs,
         )
         await generate_stream(call, plan, renderer, identity.headers)
         return
@@ -52,8 +55,28 @@ async def completions(call: Call) -> None:
         jobs=jobs,
         choices_per_prompt=n,
         echo_prompts=echo_prompts,
+        logprobs=logprobs,
     )
     call.respond(200, body, (*JSON_HEADERS, *identity.headers))
+
+
+def _logprobs(
+    ctx: ApiContext, request: CompletionRequest, prompts: list[CompletionPrompt], request_id: str, choices: int
+) -> CompletionLogprobs | None:
+    """The request's logprobs, if it asked; with ``echo`` the prompts' tokens are
+    listed too, each decoded on its own as vLLM does."""
+    if request.logprobs is None:
+        return None
+    seed = ctx.config.seed
+    echoed = None
+    if request.echo:
+        decode = ctx.tokenizer.decode
+        echoed = [
+            EchoedPrompt(tuple(decode((token,)) for token in prompt.token_ids), choice_seed(seed, request_id, -1 - i))
+            for i, prompt in enumerate(prompts)
+        ]
+    seeds = [choice_seed(seed, request_id, index) for index in range(choices)]
+    return CompletionLogprobs(request.logprobs, seeds, choices_per_prompt=request.choices_per_prompt, prompts=echoed)
 
 
 def register(router: Router) -> None:

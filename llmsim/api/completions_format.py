@@ -8,13 +8,15 @@ token::
 
 then, with ``stream_options.include_usage``, a ``"choices":[]`` usage chunk, then
 ``data: [DONE]``.  Choice ``i`` answers prompt ``i // n``; with ``echo: true`` its
-first chunk starts with that prompt's text.
+first chunk starts with that prompt's text.  With ``logprobs`` each chunk carries the
+logprobs of its tokens (the echoed prompt's too) instead of ``null``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from llmsim.api.logprobs_format import CompletionLogprobs
 from llmsim.api.sse import DONE_EVENT, escape, escape_uncached, json_bytes
 from llmsim.api.usage import Usage
 from llmsim.engine.job import Job, JobState
@@ -22,9 +24,12 @@ from llmsim.engine.job import Job, JobState
 __all__ = ["CompletionStreamRenderer", "completion_body"]
 
 _TEXT_OPEN = b',"text":"'
-_TOKEN_CLOSE = b'","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}],"usage":null}\n\n'
-_FINISH_OPEN = b'","logprobs":null,"finish_reason":'
-_FINISH_CLOSE = b',"stop_reason":null,"prompt_token_ids":null,"token_ids":null}],"usage":null}\n\n'
+_LOGPROBS_KEY = b'","logprobs":'
+_REASON_KEY = b',"finish_reason":'
+_CHOICE_TAIL = b',"stop_reason":null,"prompt_token_ids":null,"token_ids":null}],"usage":null}\n\n'
+_UNFINISHED = _REASON_KEY + b"null" + _CHOICE_TAIL
+_TOKEN_CLOSE = _LOGPROBS_KEY + b"null" + _UNFINISHED
+_FINISH_OPEN = _LOGPROBS_KEY + b"null" + _REASON_KEY
 _FINISHED = JobState.FINISHED  # a module global: enum member lookups cost on the per-token path
 
 
@@ -41,6 +46,7 @@ class CompletionStreamRenderer:
         choices_per_prompt: int,
         include_usage: bool,
         echo_prompts: Sequence[str] | None = None,
+        logprobs: CompletionLogprobs | None = None,
     ) -> None:
         head = (
             b'data: {"id":' + json_bytes(response_id) + b',"object":"text_completion","created":'
@@ -52,13 +58,14 @@ class CompletionStreamRenderer:
         self._choices_per_prompt = choices_per_prompt
         self._include_usage = include_usage
         self._echo_prompts = None if echo_prompts is None else [escape_uncached(text) for text in echo_prompts]
+        self._logprobs = logprobs
 
     def render(self, job: Job, start: int, stop: int) -> bytes:
         """One chunk per token of ``job.output[start:stop]``; the last token's chunk
         carries the finish_reason (a job with no tokens still gets that one chunk)."""
         index = job.index
         finished = job.state is _FINISHED
-        if start and stop - start == 1 and not finished:  # the common case: one more token
+        if start and stop - start == 1 and not finished and self._logprobs is None:  # the common case
             return self._text_opens[index] + escape(job.output[start]) + _TOKEN_CLOSE
         texts = [escape(piece) for piece in job.output[start:stop]]
         if start == 0 and self._echo_prompts is not None:
@@ -68,8 +75,25 @@ class CompletionStreamRenderer:
             if not finished:
                 return b""
             texts = [b""]
-        close = _FINISH_OPEN + json_bytes(job.finish_reason) + _FINISH_CLOSE if finished else _TOKEN_CLOSE
+        if self._logprobs is not None:
+            return self._with_logprobs(job, start, stop, texts, self._logprobs, finished)
+        close = _FINISH_OPEN + json_bytes(job.finish_reason) + _CHOICE_TAIL if finished else _TOKEN_CLOSE
         return self._text_opens[index] + self._text_joiners[index].join(texts) + close
+
+    def _with_logprobs(
+        self, job: Job, start: int, stop: int, texts: list[bytes], logprobs: CompletionLogprobs, finished: bool
+    ) -> bytes:
+        """One chunk per text, each with the logprobs of its token (the first with the
+        echoed prompt's, an empty finishing chunk with none)."""
+        text_open = self._text_opens[job.index]
+        last = len(texts) - 1
+        chunks = []
+        for k, text in enumerate(texts):
+            position = start + k
+            values = logprobs.chunk_bytes(job, position, min(position + 1, stop))
+            tail = _REASON_KEY + json_bytes(job.finish_reason) + _CHOICE_TAIL if finished and k == last else _UNFINISHED
+            chunks.append(text_open + text + _LOGPROBS_KEY + values + tail)
+        return b"".join(chunks)
 
     def tail(self, jobs: Sequence[Job]) -> bytes:
         """After the last choice finished: the usage chunk if asked for, then [DONE]."""
@@ -87,6 +111,7 @@ def completion_body(
     jobs: Sequence[Job],
     choices_per_prompt: int,
     echo_prompts: Sequence[str] | None = None,
+    logprobs: CompletionLogprobs | None = None,
 ) -> bytes:
     """The non-streaming response, in vLLM 0.23's shape (every field, nulls included)."""
 
@@ -100,7 +125,7 @@ def completion_body(
         {
             "index": job.index,
             "text": text_of(job),
-            "logprobs": None,
+            "logprobs": None if logprobs is None else logprobs.of(job),
             "finish_reason": job.finish_reason,
             "stop_reason": None,
             "token_ids": None,

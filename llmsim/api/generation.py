@@ -2,7 +2,8 @@
 output through a sink, and cancel whatever is unfinished when the handler ends.
 
 A request becomes one :class:`~llmsim.engine.job.Job` per choice (``n`` per prompt),
-each with its whole output planned up front by the text generator.  All jobs are
+each with its whole output planned up front: by the text generator, or by the endpoint
+itself when it plans more than text (chat's tool calls).  All jobs are
 submitted before the response starts, so a full waiting queue is a real 429.  Then the
 handler waits; the engine task drives the jobs and calls the sink, which (streaming)
 renders and writes each step's tokens at once, or (non-streaming) only counts.  When
@@ -31,6 +32,7 @@ from llmsim.engine.scheduler import Engine
 __all__ = [
     "RequestIdentity",
     "PromptPlan",
+    "PlannedOutput",
     "GenerationPlan",
     "StreamRenderer",
     "StreamingSink",
@@ -69,6 +71,19 @@ class PromptPlan:
     echo_text: str  # what --mode echo replays for this prompt
 
 
+class PlannedOutput(Protocol):
+    """What one choice says, planned before its job is built (one piece and id per token)."""
+
+    @property
+    def pieces(self) -> Sequence[str]: ...
+
+    @property
+    def token_ids(self) -> Sequence[int]: ...
+
+    @property
+    def finish_reason(self) -> str: ...
+
+
 @attrs.frozen
 class GenerationPlan:
     """Everything needed to build the jobs of one request."""
@@ -78,6 +93,7 @@ class GenerationPlan:
     choices_per_prompt: int
     max_tokens: int | None  # None: as many as the context leaves (the generator decides)
     ignore_eos: bool
+    outputs: Sequence[PlannedOutput] | None = None  # one per choice; None: the text generator plans
 
     @property
     def job_count(self) -> int:
@@ -93,13 +109,7 @@ def build_jobs(ctx: ApiContext, plan: GenerationPlan, sink: JobSink) -> list[Job
         cap = plan.max_tokens if plan.max_tokens is not None else ctx.config.max_model_len - prompt_tokens
         for choice in range(plan.choices_per_prompt):
             index = prompt_index * plan.choices_per_prompt + choice
-            text = ctx.text.generate(
-                ctx.rng_for(plan.request_id, index),
-                max_tokens=plan.max_tokens,
-                ignore_eos=plan.ignore_eos,
-                prompt_tokens=prompt_tokens,
-                echo_text=prompt.echo_text,
-            )
+            text = plan.outputs[index] if plan.outputs is not None else _generate_text(ctx, plan, prompt, index)
             jobs.append(
                 Job(
                     prompt_token_ids=prompt.token_ids,
@@ -113,6 +123,16 @@ def build_jobs(ctx: ApiContext, plan: GenerationPlan, sink: JobSink) -> list[Job
                 )
             )
     return jobs
+
+
+def _generate_text(ctx: ApiContext, plan: GenerationPlan, prompt: PromptPlan, index: int) -> PlannedOutput:
+    return ctx.text.generate(
+        ctx.rng_for(plan.request_id, index),
+        max_tokens=plan.max_tokens,
+        ignore_eos=plan.ignore_eos,
+        prompt_tokens=len(prompt.token_ids),
+        echo_text=prompt.echo_text,
+    )
 
 
 class StreamRenderer(Protocol):
@@ -215,17 +235,15 @@ class StreamingSink:
 
 @contextmanager
 def _submitted(engine: Engine, jobs: Sequence[Job], clock: Callable[[], float]) -> Iterator[None]:
-    """Submit every job (all or none: a full queue cancels the ones already in and is a
-    429); on exit, cancel every job that has not finished."""
-    now = clock()
-    for count, job in enumerate(jobs):
-        try:
-            engine.submit(job, now)
-        except QueueFullError as exc:
-            for submitted in jobs[:count]:
-                engine.cancel(submitted, now)
-            raise ApiError(429, str(exc)) from None
+    """Submit every job, all or none: a full queue is a 429.  On exit, however it
+    happens, every job that has not finished is cancelled (freeing its slot)."""
     try:
+        now = clock()
+        try:
+            for job in jobs:
+                engine.submit(job, now)
+        except QueueFullError as exc:
+            raise ApiError(429, str(exc)) from None
         yield
     finally:
         now = clock()

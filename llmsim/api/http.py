@@ -83,7 +83,11 @@ class ResponseStream(Protocol):
 
     @property
     def closed(self) -> bool:
-        """True once the client is gone or the response has ended."""
+        """True once the client is gone (EOF, reset, connection loss): nothing more is sent."""
+
+    @property
+    def ended(self) -> bool:
+        """True once :meth:`end` was called (bytes may still wait to be sent)."""
 
     @property
     def started(self) -> bool:

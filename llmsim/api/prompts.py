@@ -3,8 +3,10 @@
 Chat messages become :class:`~llmsim.engine.tokenizer.ChatTurn` s for the chat
 template: text blocks are joined with newlines (as vLLM does for string content
 formats) and every image, audio or video block stands in as a short placeholder, so it
-costs a few prompt tokens.  Completion prompts come in four forms, one prompt per
-element of an array; token-id prompts are used as they are.
+costs a few prompt tokens.  Tool definitions and earlier tool calls are written into
+the prompt as a Hermes-style template does, so they cost tokens too.  Completion
+prompts come in four forms, one prompt per element of an array; token-id prompts are
+used as they are.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from collections.abc import Sequence
 import attrs
 
 from llmsim.api.errors import ApiError
-from llmsim.api.requests import ChatMessage, ContentPart, Prompt
+from llmsim.api.requests import ChatMessage, ChatTool, ContentPart, Prompt
+from llmsim.api.turns import tool_call_text, tools_turn
 from llmsim.engine.tokenizer import ChatTurn, Tokenizer
 
 __all__ = [
     "MEDIA_PLACEHOLDERS",
     "chat_turns",
+    "tool_definition",
     "chat_prompt_ids",
     "last_user_text",
     "assistant_echo",
@@ -45,9 +49,11 @@ def _part_text(part: ContentPart, where: str) -> str:
     placeholder = MEDIA_PLACEHOLDERS.get(part.type)
     if placeholder is None:
         known = ", ".join(["text", *MEDIA_PLACEHOLDERS])
-        raise ApiError(400, f"Unknown content part type {part.type!r} in {where}; use one of: {known}.", param=f"{where}.type")
+        message = f"Unknown content part type {part.type!r} in {where}; use one of: {known}."
+        raise ApiError(400, message, param=f"{where}.type")
     if getattr(part, part.type) is None:
-        raise ApiError(400, f"Content part {where} of type {part.type!r} has no {part.type!r} object.", param=f"{where}.{part.type}")
+        message = f"Content part {where} of type {part.type!r} has no {part.type!r} object."
+        raise ApiError(400, message, param=f"{where}.{part.type}")
     return placeholder
 
 
@@ -61,17 +67,34 @@ def _message_text(message: ChatMessage, where: str, *, with_media: bool) -> str:
     return "\n".join(texts)
 
 
-def chat_turns(messages: Sequence[ChatMessage]) -> list[ChatTurn]:
-    """The conversation as the chat template sees it; 400 on a malformed content part."""
-    return [
-        ChatTurn(role=message.role, content=_message_text(message, f"messages[{i}]", with_media=True))
-        for i, message in enumerate(messages)
-    ]
+def _turn_text(message: ChatMessage, where: str) -> str:
+    text = _message_text(message, where, with_media=True)
+    if not message.tool_calls:
+        return text
+    calls = [tool_call_text(call.function.name, call.function.arguments) for call in message.tool_calls]
+    return "\n".join([text, *calls] if text else calls)
 
 
-def chat_prompt_ids(tokenizer: Tokenizer, messages: Sequence[ChatMessage]) -> list[int]:
+def chat_turns(messages: Sequence[ChatMessage], tools: Sequence[ChatTool] | None = None) -> list[ChatTurn]:
+    """The conversation as the chat template sees it, the tool definitions first; 400 on
+    a malformed content part."""
+    turns = [ChatTurn(message.role, _turn_text(message, f"messages[{i}]")) for i, message in enumerate(messages)]
+    if tools:
+        turns.insert(0, tools_turn([tool_definition(tool) for tool in tools]))
+    return turns
+
+
+def tool_definition(tool: ChatTool) -> dict[str, object]:
+    """A tool as the prompt shows it (unset fields left out)."""
+    function = attrs.asdict(tool.function, filter=lambda _, value: value is not None)
+    return {"type": tool.type, "function": function}
+
+
+def chat_prompt_ids(
+    tokenizer: Tokenizer, messages: Sequence[ChatMessage], tools: Sequence[ChatTool] | None = None
+) -> list[int]:
     """The prompt token ids of a chat request (template applied, generation prompt added)."""
-    return tokenizer.encode(tokenizer.apply_chat_template(chat_turns(messages)))
+    return tokenizer.encode(tokenizer.apply_chat_template(chat_turns(messages, tools)))
 
 
 def last_user_text(messages: Sequence[ChatMessage]) -> str:
@@ -123,7 +146,8 @@ def _token_prompt(token_ids: tuple[int, ...], tokenizer: Tokenizer) -> Completio
         raise ApiError(400, "prompt must not contain an empty token-id array", param="prompt")
     negative = next((t for t in token_ids if t < 0), None)
     if negative is not None:
-        raise ApiError(400, f"Token id {negative} is out of vocabulary; token ids must be non-negative.", param="prompt")
+        message = f"Token id {negative} is out of vocabulary; token ids must be non-negative."
+        raise ApiError(400, message, param="prompt")
     return CompletionPrompt(token_ids, tokenizer.decode(token_ids), ",".join(map(str, token_ids)))
 
 

@@ -4,7 +4,8 @@ Structured from JSON by :mod:`llmsim.api.structure` (strict types, unknown field
 ignored).  Field defaults follow vLLM's pydantic models: a field sent as ``null``
 counts as not set, except that ``max_tokens`` of /v1/completions defaults to 16 only
 when absent, as in vLLM.  :func:`check_generation_params` holds the rules that are
-about values rather than types (the messages are llm-d-inference-sim's).
+about values rather than types (the messages are llm-d-inference-sim's);
+:func:`check_chat_params` adds chat's tool and logprob rules (vLLM's messages).
 """
 
 from __future__ import annotations
@@ -15,25 +16,34 @@ import attrs
 
 from llmsim.api.errors import ApiError
 from llmsim.api.structure import FieldTypeError, converter, json_type_name, structure
+from llmsim.engine.logprobs import MAX_TOP_LOGPROBS
+from llmsim.engine.tools import NamedToolChoice, ToolChoice
 
 __all__ = [
     "MediaUrl",
     "InputAudio",
     "ContentPart",
     "MessageContent",
+    "FunctionCall",
+    "AssistantToolCall",
     "ChatMessage",
+    "FunctionDefinition",
+    "ChatTool",
     "StreamOptions",
     "GenerationParams",
     "ChatCompletionRequest",
     "Prompt",
     "CompletionRequest",
     "COMPLETIONS_DEFAULT_MAX_TOKENS",
+    "MAX_COMPLETION_LOGPROBS",
     "check_generation_params",
+    "check_chat_params",
     "parse_chat_request",
     "parse_completion_request",
 ]
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest.max_tokens default
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's bound on /v1/completions ``logprobs``
 
 
 @attrs.frozen
@@ -65,9 +75,40 @@ MessageContent = str | tuple[ContentPart, ...] | None
 
 
 @attrs.frozen
+class FunctionCall:
+    name: str
+    arguments: str
+
+
+@attrs.frozen
+class AssistantToolCall:
+    """A call the assistant made earlier in the conversation (it costs prompt tokens)."""
+
+    function: FunctionCall
+    id: str | None = None
+    type: str = "function"
+
+
+@attrs.frozen
 class ChatMessage:
     role: str
     content: MessageContent = None
+    tool_calls: tuple[AssistantToolCall, ...] | None = None
+    tool_call_id: str | None = None
+
+
+@attrs.frozen
+class FunctionDefinition:
+    name: str
+    description: str | None = None
+    parameters: Any = None  # a JSON schema; compiled (and so checked) by the handler
+    strict: bool | None = None
+
+
+@attrs.frozen
+class ChatTool:
+    function: FunctionDefinition
+    type: str = "function"  # the only type served (see _structure_tool)
 
 
 @attrs.frozen
@@ -113,6 +154,18 @@ class GenerationParams:
 class ChatCompletionRequest(GenerationParams):
     messages: tuple[ChatMessage, ...]
     max_completion_tokens: int | None = None
+    tools: tuple[ChatTool, ...] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+    @property
+    def effective_tool_choice(self) -> ToolChoice:
+        """vLLM's default: ``auto`` when tools are given, else ``none``."""
+        if self.tool_choice is not None:
+            return self.tool_choice
+        return "auto" if self.tools else "none"
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -133,6 +186,7 @@ Prompt = str | tuple[str, ...] | tuple[int, ...] | tuple[tuple[int, ...], ...]
 class CompletionRequest(GenerationParams):
     prompt: Prompt
     max_tokens: int | None = COMPLETIONS_DEFAULT_MAX_TOKENS
+    logprobs: int | None = None
 
 
 def _structure_media_url(value: object, _: type) -> MediaUrl | None:
@@ -182,9 +236,57 @@ def _structure_prompt(value: object, _: type) -> Prompt:
     raise ValueError(f"{_PROMPT_FORMS_MESSAGE}; one array must not mix these kinds")
 
 
+_TOOL_CHOICE_MODES = ("none", "auto", "required")
+_NAMED_USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
+
+
+def _structure_tool_choice(value: object, _: type) -> ToolChoice | None:
+    """``none``/``auto``/``required``, a named function (vLLM's messages when it is
+    malformed), or OpenAI's ``allowed_tools`` and ``custom`` forms, which are accepted
+    but not enforced: they act as their ``mode`` and as ``auto``."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if value in _TOOL_CHOICE_MODES:
+            return value  # type: ignore[return-value]
+        raise ValueError(
+            f'Invalid value for `tool_choice`: {value}! Only named tools, "none", "auto" or "required" are supported.'
+        )
+    if not isinstance(value, dict):
+        raise FieldTypeError("a string or an object", value)
+    kind = value.get("type", "function")
+    if kind == "allowed_tools":
+        allowed = value.get("allowed_tools")
+        mode = allowed.get("mode") if isinstance(allowed, dict) else None
+        return "required" if mode == "required" else "auto"
+    if kind == "custom":
+        return "auto"
+    function = value.get("function")
+    if not isinstance(function, dict):
+        raise ValueError(f"Invalid value for `function`: `{function}` in `tool_choice`! {_NAMED_USAGE}")
+    if "name" not in function:
+        raise ValueError(f"Expected field `name` in `function` in `tool_choice`! {_NAMED_USAGE}")
+    name = function["name"]
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"Invalid `name` in `function`: `{name}` in `tool_choice`! {_NAMED_USAGE}")
+    return NamedToolChoice(name)
+
+
+_structure_tool_fields = converter.get_structure_hook(ChatTool)
+
+
+def _structure_tool(value: object, type_: type) -> ChatTool:
+    """A function tool; vLLM serves no other type (``custom`` tools are a 400)."""
+    if isinstance(value, dict) and value.get("type", "function") != "function":
+        raise ValueError(f"only function tools are supported, got type {value['type']!r}")
+    return _structure_tool_fields(value, type_)  # type: ignore[no-any-return]
+
+
 converter.register_structure_hook_func(lambda t: t == (MediaUrl | None), _structure_media_url)
 converter.register_structure_hook_func(lambda t: t == MessageContent, _structure_content)
 converter.register_structure_hook_func(lambda t: t == Prompt, _structure_prompt)
+converter.register_structure_hook_func(lambda t: t == (ToolChoice | None), _structure_tool_choice)
+converter.register_structure_hook(ChatTool, _structure_tool)
 
 
 def check_generation_params(request: GenerationParams) -> None:
@@ -198,13 +300,38 @@ def check_generation_params(request: GenerationParams) -> None:
         raise ApiError(400, "Stream options can only be defined when stream is True.", param="stream_options")
 
 
+def check_chat_params(request: ChatCompletionRequest) -> None:
+    """Chat's tool and logprob rules, with vLLM's messages.  A tool's schema is checked
+    when the handler compiles it."""
+    tools, choice = request.tools, request.tool_choice
+    if tools is not None and not tools:
+        message = "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely."
+        raise ApiError(400, message, param="tools")
+    if choice is not None and choice != "none" and tools is None:
+        raise ApiError(400, "When using `tool_choice`, `tools` must be set.", param="tool_choice")
+    if isinstance(choice, NamedToolChoice) and all(tool.function.name != choice.name for tool in tools or ()):
+        message = "The tool specified in `tool_choice` does not match any of the specified `tools`"
+        raise ApiError(400, message, param="tool_choice")
+    top = request.top_logprobs
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        message = f"`top_logprobs` must be between 0 and {MAX_TOP_LOGPROBS}, got {top}."
+        raise ApiError(400, message, param="top_logprobs")
+    if top and not request.logprobs:
+        raise ApiError(400, "when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs")
+
+
 def parse_chat_request(body: dict[str, Any]) -> ChatCompletionRequest:
     request = structure(body, ChatCompletionRequest)
     check_generation_params(request)
+    check_chat_params(request)
     return request
 
 
 def parse_completion_request(body: dict[str, Any]) -> CompletionRequest:
     request = structure(body, CompletionRequest)
     check_generation_params(request)
+    logprobs = request.logprobs
+    if logprobs is not None and not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS:
+        message = f"`logprobs` must be between 0 and {MAX_COMPLETION_LOGPROBS}, got {logprobs}."
+        raise ApiError(400, message, param="logprobs")
     return request

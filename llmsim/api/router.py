@@ -135,7 +135,7 @@ class Api:
 
     @staticmethod
     def _send_error(response: ResponseStream, error: ApiError, style: str) -> None:
-        if response.closed:
+        if response.closed or response.ended:
             return
         if response.started:
             response.end()

@@ -4,9 +4,9 @@ The model, kept deliberately simple:
 
 * Time is cut into periods of ``inter_token_latency`` seconds (unscaled, no jitter),
   aligned to multiples of it on the engine clock: period *k* is ``[k·P, (k+1)·P)``.
-* Each period has ``max_num_batched_tokens`` tokens.  Every decoding job uses one of
-  them; the rest prefill waiting prompts in admission (FIFO) order, all of it spent at
-  the end of the period.  A prompt larger than what is left takes several periods.
+* Each period has ``max_num_batched_tokens`` tokens.  Every decoding job (paused ones
+  too: they keep their slot) uses one of them; the rest prefill waiting prompts in
+  admission (FIFO) order, all of it spent at the end of the period.  A prompt larger than what is left takes several periods.
 * A job's prefill is complete at the end of the period that took its last prompt
   chunk.  Its first token is due at ``max(admitted + TTFT, that period end)``: chunking
   can only delay a first token, never bring it before its TTFT.
@@ -33,7 +33,7 @@ class ChunkedPrefill:
     """The jobs whose prompts still need prefill, and when the next period ends."""
 
     def __init__(self, config: Config) -> None:
-        self._budget = config.max_num_batched_tokens
+        self._budget = config.batched_token_budget
         self._period = config.inter_token_latency
         self._pending: deque[Job] = deque()
         #: End of the period whose budget is spent next; ``math.inf`` when nothing waits.
@@ -50,7 +50,7 @@ class ChunkedPrefill:
     def reconfigure(self, config: Config) -> None:
         """New budget and period length, used from the next period on.  A period that
         ends with chunking switched off prefills everything still queued."""
-        self._budget = config.max_num_batched_tokens
+        self._budget = config.batched_token_budget
         self._period = config.inter_token_latency
 
     def add(self, job: Job, now: float) -> None:

@@ -28,9 +28,9 @@ __all__ = ["MAX_PATTERN_LENGTH", "PatternError", "StringPattern", "compile_patte
 
 MAX_PATTERN_LENGTH = 256  # longest string a pattern is asked to produce
 _COUNT_CAP = 1 << 62  # counts are only used as weights: cap them to keep arithmetic cheap
-_WORK_LIMIT = 2_000_000  # length-table multiplications allowed per pattern
+_WORK_LIMIT = 250_000  # length-table multiplications allowed per pattern
 _REALISTIC_EXTRA = 12  # prefer lengths within this many characters of the shortest allowed
-_PROBES = 16  # samples checked against re.search before a pattern is accepted
+_PROBES = 8  # samples checked against re.search before a pattern is accepted
 
 _PRINTABLE = "".join(chr(c) for c in range(0x20, 0x7F))
 _CONTROLS = "\t\n\r\x0b\x0c"

@@ -231,7 +231,7 @@ class HFTokenizer:
             return []
         cuts = [0]
         for start, _ in offsets[1:]:
-            cuts.append(min(max(start, cuts[-1]), len(text)))
+            cuts.append(max(start, cuts[-1]))
         cuts.append(len(text))
         return [text[begin:end] for begin, end in zip(cuts, cuts[1:])]
 

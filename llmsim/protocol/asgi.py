@@ -4,17 +4,19 @@ This is the reference the native connection handlers are measured against, so it
 goes through the same seam: one :class:`AsgiResponseStream` per request, written to
 synchronously by the API and pumped to ``send()`` by the ASGI task.
 
-Per ``http`` scope the task (1) reads the whole body, (2) runs the handler, the pump
-and a disconnect watcher side by side, and (3) cancels all of them when
-``http.disconnect`` arrives.  The watcher is a dedicated task blocked in
-``receive()``: under trio, ``receive()`` called in an already-cancelled scope never
-sees a queued disconnect (hypercorn issue #210), so nothing here polls.
+Per ``http`` scope the task (1) reads the whole body, (2) runs the handler beside
+the pump and a disconnect watcher, and (3) when ``http.disconnect`` arrives, cancels
+the handler and the pump and runs the close callbacks.  The watcher is a dedicated
+task blocked in ``receive()``: under trio, ``receive()`` called in an
+already-cancelled scope never sees a queued disconnect (hypercorn issue #210), so
+nothing here polls.
 
 The last send is the exception.  hypercorn delivers ``http.disconnect`` to every
-request, from inside that send, once the response is complete; so it is shielded
-from the watcher.  On HTTP/2 it waits for the stream's buffer to drain, which never
-happens once the TCP connection has dropped, so it is bounded by a timeout.  A
-disconnect seen before it starts means it is never sent.
+request, from inside that send, once the response is complete; so the response
+counts as complete as soon as that send begins, and the send is shielded from the
+watcher.  On HTTP/2 it waits for the stream's buffer to drain, which never happens
+once the TCP connection has dropped, so it is bounded by a timeout instead.  A
+disconnect seen before it begins means it is never sent.
 """
 
 from __future__ import annotations
@@ -93,18 +95,23 @@ class AsgiApp:
         except _ClientGone:
             return False
         if body is None:
-            await _send_too_large(send, self.max_body_size)
-            return True
+            stream = AsgiResponseStream()
+            _respond_error(stream, 413, f"Request body too large: the limit is {self.max_body_size} bytes.")
+            return await self._pump_until_disconnect(stream, receive, send)
         return await self._respond(request_from_scope(scope, body), receive, send)
 
     async def _respond(self, request: HttpRequest, receive: Receive, send: Send) -> bool:
         stream = AsgiResponseStream()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._run_handler, request, stream)
+            return await self._pump_until_disconnect(stream, receive, send)
+
+    async def _pump_until_disconnect(self, stream: AsgiResponseStream, receive: Receive, send: Send) -> bool:
+        """The pump, and a watcher that stops it when the client leaves."""
         served = False
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_disconnect, receive, stream, nursery.cancel_scope)
-            async with trio.open_nursery() as work:
-                work.start_soon(self._run_handler, request, stream)
-                served = await self._pump(stream, send)
+            served = await self._pump(stream, send)
             nursery.cancel_scope.cancel()
         return served
 
@@ -115,19 +122,20 @@ class AsgiApp:
         can abort a started response (hypercorn logs it and cuts the stream).
         """
         try:
-            await self.app.handle(request, stream)
+            with stream.cancel_scope:
+                await self.app.handle(request, stream)
         except Exception:
             if stream.started:
                 raise
             log.exception("handler for %s %s failed", request.method, request.path)
-            _respond_500(stream, "the server failed while answering this request; see the server log")
+            _respond_error(stream, 500, "the server failed while answering this request; see the server log")
             return
-        if not stream.closed:
+        if not stream.ended and not stream.gone:
             log.error("handler for %s %s returned without ending its response", request.method, request.path)
             if stream.started:
                 stream.end()
             else:
-                _respond_500(stream, "the server returned without completing this response; see the server log")
+                _respond_error(stream, 500, "the server returned without completing this response; see the server log")
 
     async def _pump(self, stream: AsgiResponseStream, send: Send) -> bool:
         """Send the head, then one body message per wake-up, until the end.
@@ -150,6 +158,7 @@ class AsgiApp:
         Bounded instead: on HTTP/2 this send never returns once the connection dropped."""
         if stream.gone:
             return False
+        stream.finish()
         with trio.move_on_after(self.final_send_timeout, shield=True) as scope:
             await send({"type": "http.response.body", "body": body, "more_body": False})
         return not scope.cancelled_caught
@@ -195,24 +204,19 @@ async def _read_body(receive: Receive, limit: int) -> bytes | None:
             return None if too_large else bytes(body)
 
 
-async def _send_too_large(send: Send, limit: int) -> None:
-    body = error_body(413, f"Request body too large: the limit is {limit} bytes.")
-    headers = [*JSON_HEADERS, (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": 413, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-async def _watch_disconnect(receive: Receive, stream: AsgiResponseStream, scope: trio.CancelScope) -> None:
-    """Wait for ``http.disconnect``; then run the close callbacks and cancel ``scope``."""
+async def _watch_disconnect(receive: Receive, stream: AsgiResponseStream, pump: trio.CancelScope) -> None:
+    """Wait for ``http.disconnect``; then tell ``stream`` (which cancels its handler
+    unless the response was complete) and cancel the ``pump`` (its last send is
+    shielded): a body send can block forever on a dropped HTTP/2 connection too."""
     while (await receive())["type"] != "http.disconnect":
         pass
     stream.client_gone()
-    scope.cancel()
+    pump.cancel()
 
 
-def _respond_500(stream: AsgiResponseStream, message: str) -> None:
-    body = error_body(500, message)
-    stream.start(500, (*JSON_HEADERS, (b"content-length", str(len(body)).encode())))
+def _respond_error(stream: AsgiResponseStream, status: int, message: str) -> None:
+    body = error_body(status, message)
+    stream.start(status, (*JSON_HEADERS, (b"content-length", str(len(body)).encode())))
     stream.end(body)
 
 

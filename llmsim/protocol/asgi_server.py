@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 import ssl
+import sys
 from collections.abc import Awaitable, Callable
-from functools import partial
 from typing import Protocol
 
 import hypercorn.config
@@ -22,7 +22,7 @@ import trio
 from llmsim.api.http import Application
 from llmsim.config import Config
 from llmsim.protocol.asgi import AsgiApp
-from llmsim.protocol.settings import ConnectionTracker, ServerHandle
+from llmsim.protocol.settings import MAX_HEADER_BYTES, ConnectionTracker, ServerHandle
 from llmsim.protocol.tls import ALPN_PROTOCOLS, server_ssl_context
 
 __all__ = ["serve_hypercorn", "hypercorn_config", "SimulatorLike"]
@@ -63,9 +63,16 @@ def hypercorn_config(config: Config, ssl_context: ssl.SSLContext | None = None) 
     hc.bind = [f"{host}:{config.port}"]
     hc.alpn_protocols = list(ALPN_PROTOCOLS)
     hc.h2_max_concurrent_streams = config.max_concurrent_streams
+    hc.h11_max_incomplete_size = MAX_HEADER_BYTES
+    hc.h2_max_header_list_size = MAX_HEADER_BYTES
     hc.graceful_timeout = config.shutdown_grace_period
     hc.keep_alive_timeout = config.keep_alive_timeout
+    # hypercorn has no header-read timeout (its read_timeout would also cut streams
+    # whose client sends nothing while it reads), so only the TLS handshake is bounded.
     hc.ssl_handshake_timeout = config.header_read_timeout
+    # After this many requests on one HTTP/2 connection hypercorn sends GOAWAY, which
+    # in h2 also breaks the streams still running on it: fatal for load tests.
+    hc.keep_alive_max_requests = sys.maxsize
     hc.include_server_header = False
     hc.accesslog = None
     hc.errorlog = logging.getLogger("llmsim.hypercorn")

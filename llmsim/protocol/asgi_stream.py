@@ -27,15 +27,18 @@ class AsgiResponseStream:
     """One response: status, headers and a byte buffer between the API and ``send()``.
 
     The API side (``start``/``write``/``end``/``on_*``) never blocks.  The pump side
-    (:meth:`wait_pending`, :meth:`take`, :meth:`sent`) runs in the ASGI task, and
-    :meth:`client_gone` is called by whoever sees ``http.disconnect``.
+    (:meth:`wait_pending`, :meth:`take`, :meth:`sent`, :meth:`finish`) runs in the ASGI
+    task, and :meth:`client_gone` is called by whoever sees ``http.disconnect``.  The
+    handler runs in :attr:`cancel_scope`, which :meth:`client_gone` cancels.
     """
 
     high_water: int = BUFFER_HIGH_WATER
     low_water: int = BUFFER_LOW_WATER
+    cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
     status: int | None = attrs.field(default=None, init=False)
     headers: Headers = attrs.field(default=(), init=False)
     ended: bool = attrs.field(default=False, init=False)
+    finished: bool = attrs.field(default=False, init=False)
     gone: bool = attrs.field(default=False, init=False)
     _buffer: bytearray = attrs.field(factory=bytearray, init=False)
     _pending: trio.Event = attrs.field(factory=trio.Event, init=False)
@@ -45,7 +48,8 @@ class AsgiResponseStream:
     # --- ResponseStream (API side) ------------------------------------------------
     @property
     def closed(self) -> bool:
-        return self.ended or self.gone
+        """Nothing more will be sent: the client left, or the last send has begun."""
+        return self.gone or self.finished
 
     @property
     def started(self) -> bool:
@@ -119,14 +123,22 @@ class AsgiResponseStream:
         for callback in callbacks:
             callback()
 
+    def finish(self) -> None:
+        """The last bytes are being handed over: from now on the response is complete,
+        whatever the client does."""
+        self.finished = True
+        self._drained_callbacks.clear()
+        self._close_callbacks.clear()
+
     def client_gone(self) -> None:
-        """The client left: drop the buffer and run the close callbacks (once; there
-        are none left if the response had ended)."""
-        if self.gone:
+        """The client left before :meth:`finish`: drop the buffer, cancel the handler
+        and run the close callbacks (there are none left if the response had ended)."""
+        if self.gone or self.finished:
             return
         self.gone = True
         self._buffer.clear()
         self._drained_callbacks.clear()
+        self.cancel_scope.cancel()
         callbacks, self._close_callbacks = self._close_callbacks, []
         for callback in callbacks:
             callback()

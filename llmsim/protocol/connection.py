@@ -45,20 +45,20 @@ class Connection:
     app: Application
     settings: ProtocolSettings
     tracker: ConnectionTracker
-    scheme: str = "http"
-    shutting_down: bool = False
-    handler: ProtocolHandler | None = None
-    _transport: trio.abc.Stream | None = None  # the stream after TLS, if any
-    _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    _nursery: trio.Nursery | None = None
-    _writer_lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
-    _dirty: bool = False
-    _read_scope: trio.CancelScope | None = None
-    _read_deadline: float = math.inf
-    _reading_allowed: bool = True
-    _resume_reading: trio.Event = attrs.field(factory=trio.Event)
-    _reader_done: trio.Event = attrs.field(factory=trio.Event)
-    _lingering: bool = False
+    scheme: str = attrs.field(default="http", init=False)  # "https" once TLS is negotiated
+    shutting_down: bool = attrs.field(default=False, init=False)
+    handler: ProtocolHandler | None = attrs.field(default=None, init=False)
+    _transport: trio.abc.Stream | None = attrs.field(default=None, init=False)  # the stream after TLS, if any
+    _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
+    _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
+    _writer_lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot, init=False)
+    _dirty: bool = attrs.field(default=False, init=False)
+    _read_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
+    _read_deadline: float = attrs.field(default=math.inf, init=False)
+    _reading_allowed: bool = attrs.field(default=True, init=False)
+    _resume_reading: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _reader_done: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _lingering: bool = attrs.field(default=False, init=False)
 
     def __repr__(self) -> str:
         return f"<Connection {type(self.handler).__name__} {self.scheme}>"
@@ -73,8 +73,8 @@ class Connection:
         finally:
             if self.handler is not None:
                 self.handler.connection_lost()
-            await trio.aclose_forcefully(self._transport or self.stream)
             self.tracker.connection_closed()
+            await trio.aclose_forcefully(self._transport or self.stream)
 
     def begin_shutdown(self) -> None:
         """Finish in-flight responses, accept no new requests, then close."""
@@ -176,9 +176,10 @@ class Connection:
     async def _receive(self) -> bytes:
         assert self._transport is not None
         try:
-            return await self._transport.receive_some(RECEIVE_SIZE)
+            data = await self._transport.receive_some(RECEIVE_SIZE)
         except _NETWORK_ERRORS:
             return b""
+        return data if isinstance(data, bytes) else bytes(data)  # memory streams give bytearray
 
     def _peer_closed(self) -> None:
         assert self.handler is not None and self._nursery is not None

@@ -70,7 +70,7 @@ class PrefixedStream(trio.abc.HalfCloseableStream):
     stream: trio.abc.HalfCloseableStream
     prefix: bytes
 
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         if not self.prefix:
             return await self.stream.receive_some(max_bytes)
         await trio.lowlevel.checkpoint()

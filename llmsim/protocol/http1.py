@@ -45,9 +45,9 @@ class Http1Handler:
         self._closing = False  # close once the current response is out
         self._finished = False
         self._pipelined = 0  # bytes received while the current response is in flight
-        now = trio.current_time()
-        self._head_deadline: float | None = now + transport.settings.header_read_timeout
+        self._head_deadline: float | None = trio.current_time() + transport.settings.header_read_timeout
         self._idle_deadline = math.inf
+        transport.set_read_deadline(self._head_deadline)
 
     @property
     def finished(self) -> bool:
@@ -97,13 +97,20 @@ class Http1Handler:
         self._request = request
         self._head_deadline = None
         self._refresh_body_deadline()
+        # h11 bounds only heads that arrive in pieces; one that came whole is measured here.
+        head_limit = self._t.settings.max_header_bytes
+        if _head_size(request) > head_limit:
+            self._reject(431, f"request line and headers exceed {head_limit} bytes")
+            return
         limit = self._t.settings.max_body_bytes
         length = _content_length(request)
         if length is not None and length > limit:
-            self._reject(413, f"request body of {length} bytes exceeds the limit of {limit} bytes (max-request-body-size-mb)")
+            self._reject(
+                413, f"request body of {length} bytes exceeds the limit of {limit} bytes (max-request-body-size-mb)"
+            )
             return
         if self._h11.they_are_waiting_for_100_continue:
-            self._out.append(self._send(h11.InformationalResponse(status_code=100, reason=b"Continue")))
+            self._out.append(self._send(h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue")))
             self._t.wake_writer()
 
     def _on_body(self, data: bytes) -> None:
@@ -176,27 +183,32 @@ class Http1Handler:
         self._t.wake_writer()
 
     def fail(self, stream: OutboundStream) -> None:
-        """HTTP/1.1 cannot abort one response: close the connection mid-body."""
+        """HTTP/1.1 cannot abort one response: send what is buffered, then close mid-body."""
+        self._render(stream, self._out)
         self.connection_lost()
         self._t.wake_writer()
 
     def outgoing(self) -> bytes:
-        out, self._out = self._out, []
         stream = self._response
         if stream is not None and not stream.closed:
-            try:
-                self._render(stream, out)
-            except h11.LocalProtocolError as exc:
-                log.error("the response to a request is not valid HTTP/1.1 (%s); closing the connection", exc)
-                self.connection_lost()
+            self._render(stream, self._out)
+        out, self._out = self._out, []
         return b"".join(out)
 
     def _render(self, stream: OutboundStream, out: list[bytes]) -> None:
+        try:
+            self._render_events(stream, out)
+        except h11.LocalProtocolError as exc:
+            log.error("a response is not valid HTTP/1.1 (%s); closing the connection", exc)
+            self.connection_lost()
+
+    def _render_events(self, stream: OutboundStream, out: list[bytes]) -> None:
         if stream.head_pending:
             status, headers = stream.take_head()
             if self._closing or self._t.shutting_down:
                 headers = (*headers, _CLOSE)
-            out.append(self._send(h11.Response(status_code=status, headers=headers, reason=reason_phrase(status))))
+            response = h11.Response(status_code=status, headers=list(headers), reason=reason_phrase(status))
+            out.append(self._send(response))
         if stream.buffered:
             out.append(self._send(h11.Data(data=stream.take(stream.buffered))))
         if stream.complete and not self._end_sent:
@@ -222,13 +234,9 @@ class Http1Handler:
         self._t.tracker.stream_closed()
         self._t.tracker.request_served()
         if self._closing or self._t.shutting_down or self._h11.our_state is not h11.DONE:
-            self._finish()
+            self._finish()  # Connection: close, HTTP/1.0, or an error answered early
             return
-        try:
-            self._h11.start_next_cycle()
-        except h11.LocalProtocolError:
-            self._finish()  # the client never finished its request (e.g. early 413)
-            return
+        self._h11.start_next_cycle()
         now = trio.current_time()
         self._idle_deadline = now + self._t.settings.keep_alive_timeout
         self._head_deadline = now + self._t.settings.header_read_timeout if self._h11.trailing_data[0] else None
@@ -250,6 +258,7 @@ class Http1Handler:
 
     def _finish(self) -> None:
         self._finished = True
+        self._t.resume_reading()  # so that the close can drain what the client still sends
         self._t.wake_writer()
 
 
@@ -264,6 +273,10 @@ def _http_request(head: h11.Request, body: bytes, scheme: str) -> HttpRequest:
         http_version=head.http_version.decode("ascii"),
         scheme=scheme,
     )
+
+
+def _head_size(head: h11.Request) -> int:
+    return len(head.target) + sum(len(name) + len(value) + 4 for name, value in head.headers)
 
 
 def _header(head: h11.Request, name: bytes) -> bytes | None:

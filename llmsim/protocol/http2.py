@@ -56,13 +56,15 @@ class Http2Stream(OutboundStream):
     """One HTTP/2 stream: the request while it arrives, then its response."""
 
     request: HttpRequest | None = None  # the head, until the body is complete
-    body: list[bytes] = attrs.field(factory=list)
-    body_size: int = 0
-    blocked: bool = False  # bytes pending and the stream's send window is exhausted
-    reset_when_done: bool = False  # answered before the request ended: stop its upload
+    body: list[bytes] = attrs.field(factory=list, init=False)
+    body_size: int = attrs.field(default=0, init=False)
+    blocked: bool = attrs.field(default=False, init=False)  # bytes pending, the stream's window exhausted
+    reset_when_done: bool = attrs.field(default=False, init=False)  # answered before the request ended
 
 
-def _connection(settings_limit: int, max_header_bytes: int, upgrade_settings: bytes | None) -> h2.connection.H2Connection:
+def _connection(
+    settings_limit: int, max_header_bytes: int, upgrade_settings: bytes | None
+) -> h2.connection.H2Connection:
     """A server connection whose first SETTINGS advertise ``settings_limit`` streams.
 
     h2 treats a HEADERS frame beyond MAX_CONCURRENT_STREAMS as a *connection* error.
@@ -104,7 +106,7 @@ class Http2Handler:
         self._streams: dict[int, Http2Stream] = {}
         self._ready: deque[Http2Stream] = deque()
         self._sent: list[Http2Stream] = []  # streams that sent bytes in the last batch
-        self._preamble = preamble
+        self._prefix = preamble  # raw bytes ahead of h2's own: the 101, our GOAWAY
         self._closing = False
         self._finished = False
         self._dispatch: dict[type[h2.events.Event], Callable[[Any], None]] = {
@@ -122,10 +124,6 @@ class Http2Handler:
     @property
     def finished(self) -> bool:
         return self._finished
-
-    @property
-    def active_streams(self) -> int:
-        return len(self._streams)
 
     def serve_upgraded(self, request: HttpRequest) -> None:
         """Answer the HTTP/1.1 request that asked for ``Upgrade: h2c`` as stream 1."""
@@ -307,8 +305,8 @@ class Http2Handler:
             if not stream.closed:
                 self._send(stream)
         data = self._h2.data_to_send()
-        if self._preamble:
-            data, self._preamble = self._preamble + data, b""
+        if self._prefix:
+            data, self._prefix = self._prefix + data, b""
         return data
 
     def _send(self, stream: Http2Stream) -> None:
@@ -383,7 +381,7 @@ class Http2Handler:
             return
         self._closing = True
         goaway = GoAwayFrame(stream_id=0, last_stream_id=self._h2.highest_inbound_stream_id, error_code=0)
-        self._preamble += goaway.serialize()
+        self._prefix += goaway.serialize()
         if not self._streams:
             self._finished = True
         self._t.wake_writer()

@@ -128,7 +128,7 @@ class ServerHandle:
     host: str
     port: int
     url: str  # "http://127.0.0.1:PORT", or "https://..." with TLS
-    tracker: ConnectionTracker = attrs.field(factory=ConnectionTracker, repr=False)
+    tracker: ConnectionTracker = attrs.field(repr=False)
 
     def statistics(self) -> ServerStatistics:
         return self.tracker.statistics()

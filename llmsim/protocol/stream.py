@@ -46,18 +46,18 @@ class OutboundStream:
     low_water: int
     stream_id: int = 0  # the HTTP/2 stream id; 0 on HTTP/1.1
     head_only: bool = False  # a HEAD request: the body is never sent
-    status: int = 0
-    headers: tuple[tuple[bytes, bytes], ...] = ()
-    cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    queued: bool = False  # the host's bookkeeping: waiting for the writer
-    _chunks: list[bytes] = attrs.field(factory=list)
-    _buffered: int = 0
-    _started: bool = False
-    _ended: bool = False
-    _closed: bool = False
-    _head_sent: bool = False
-    _drained_callbacks: list[Callable[[], None]] = attrs.field(factory=list)
-    _close_callbacks: list[Callable[[], None]] = attrs.field(factory=list)
+    status: int = attrs.field(default=0, init=False)
+    headers: tuple[tuple[bytes, bytes], ...] = attrs.field(default=(), init=False)
+    cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
+    queued: bool = attrs.field(default=False, init=False)  # the host's bookkeeping: waiting for the writer
+    _chunks: list[bytes] = attrs.field(factory=list, init=False)
+    _buffered: int = attrs.field(default=0, init=False)
+    _started: bool = attrs.field(default=False, init=False)
+    _ended: bool = attrs.field(default=False, init=False)
+    _closed: bool = attrs.field(default=False, init=False)
+    _head_sent: bool = attrs.field(default=False, init=False)
+    _drained_callbacks: list[Callable[[], None]] = attrs.field(factory=list, init=False)
+    _close_callbacks: list[Callable[[], None]] = attrs.field(factory=list, init=False)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "ended" if self._ended else "open"

@@ -206,6 +206,65 @@ async def test_disconnect_mid_stream_cancels_the_handler_and_runs_close_callback
     assert (stats.active_streams, stats.open_connections, stats.requests_served) == (0, 0, 0)
 
 
+async def test_the_disconnect_hypercorn_reports_from_inside_the_last_send_is_no_abort() -> None:
+    """hypercorn delivers ``http.disconnect`` after every complete response, from inside
+    the ``more_body=False`` send; that must neither cancel the handler nor the send."""
+    may_finish = trio.Event()
+    log: list[str] = []
+
+    async def ends_then_works(request: HttpRequest, response: ResponseStream) -> None:
+        response.on_close(lambda: log.append("closed"))
+        response.start(200, ())
+        response.end(b"done")
+        await may_finish.wait()
+        log.append("after end")
+
+    tracker = ConnectionTracker()
+    peer = Peer.new(request_message())
+
+    async def send_like_hypercorn(message: Message) -> None:
+        await peer.send(message)
+        if message["type"] == "http.response.body" and not message["more_body"]:
+            peer.push({"type": "http.disconnect"})
+            await trio.testing.wait_all_tasks_blocked()
+            may_finish.set()
+
+    await AsgiApp(FnApp(ends_then_works), tracker)(http_scope(), peer.receive, send_like_hypercorn)
+    assert log == ["after end"]
+    assert peer.all_sent() == [start(200, []), body(b"done", False)]
+    assert tracker.statistics().requests_served == 1
+
+
+async def test_disconnect_after_the_end_but_before_the_last_send_skips_it() -> None:
+    handler_cancelled = trio.Event()
+    head_sent = trio.Event()
+
+    async def ends_then_waits(request: HttpRequest, response: ResponseStream) -> None:
+        response.start(200, ())
+        response.write(b"first")
+        await head_sent.wait()
+        response.end(b"last")
+        try:
+            await trio.sleep_forever()
+        finally:
+            handler_cancelled.set()
+
+    tracker = ConnectionTracker()
+    peer = Peer.new(request_message())
+
+    async def send_stalling_after_the_first_body(message: Message) -> None:
+        await peer.send(message)
+        if message.get("body") == b"first":
+            peer.push({"type": "http.disconnect"})
+            head_sent.set()
+            await trio.sleep_forever()
+
+    await AsgiApp(FnApp(ends_then_waits), tracker)(http_scope(), peer.receive, send_stalling_after_the_first_body)
+    assert handler_cancelled.is_set()
+    assert [m.get("body") for m in peer.all_sent()] == [None, b"first"]
+    assert tracker.statistics().requests_served == 0
+
+
 async def test_disconnect_while_the_body_is_read_never_runs_the_handler() -> None:
     app = FnApp(answer_json)
     tracker = ConnectionTracker()
@@ -263,7 +322,7 @@ async def test_a_handler_failing_after_its_head_raises_to_the_server() -> None:
 
     tracker = ConnectionTracker()
     peer = Peer.new(request_message())
-    with pytest.RaisesGroup(pytest.RaisesGroup(KeyError)):
+    with pytest.RaisesGroup(KeyError):
         await AsgiApp(FnApp(failing_late), tracker)(http_scope(), peer.receive, peer.send)
     stats = tracker.statistics()
     assert (stats.active_streams, stats.open_connections, stats.requests_served) == (0, 0, 0)
@@ -353,4 +412,6 @@ def test_misuse_is_an_error() -> None:
     stream.end()
     with pytest.raises(RuntimeError):
         stream.end()
-    assert stream.started and stream.closed
+    assert stream.ended and not stream.closed
+    stream.finish()
+    assert stream.closed

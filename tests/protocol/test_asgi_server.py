@@ -3,7 +3,6 @@ disconnects, body limits and graceful shutdown, with a tiny test Application."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
@@ -18,7 +17,7 @@ import trio.testing
 
 from llmsim.api.http import HttpRequest, ResponseStream
 from llmsim.config import Config
-from llmsim.protocol.asgi_server import serve_hypercorn
+from llmsim.protocol.asgi_server import hypercorn_config, serve_hypercorn
 from llmsim.protocol.settings import ConnectionTracker, ServerHandle
 
 BIG = 256 * 1024  # more than an HTTP/2 client's default window and hypercorn's buffer
@@ -107,15 +106,75 @@ def client(url: str, http_version: str, **options: Any) -> httpx.AsyncClient:
     return httpx.AsyncClient(base_url=url, http1=not http2, http2=http2, **options)
 
 
-async def first_chunk(chunks: AsyncIterator[bytes]) -> bytes:
-    async for chunk in chunks:
-        return chunk
-    raise AssertionError("the stream ended without a chunk")
-
-
 def counters(tracker: ConnectionTracker) -> tuple[int, int, int]:
     stats = tracker.statistics()
     return stats.open_connections, stats.active_streams, stats.requests_served
+
+
+@attrs.define(eq=False)
+class H2Client:
+    """A bare h2 client connection (prior knowledge), for what httpx cannot do."""
+
+    stream: trio.SocketStream
+    conn: h2.connection.H2Connection
+
+    @classmethod
+    async def connect(cls, port: int) -> H2Client:
+        client = cls(
+            await trio.open_tcp_stream("127.0.0.1", port),
+            h2.connection.H2Connection(h2.config.H2Configuration(client_side=True)),
+        )
+        client.conn.initiate_connection()
+        await client.flush()
+        return client
+
+    async def flush(self) -> None:
+        await self.stream.send_all(self.conn.data_to_send())
+
+    async def get(self, stream_id: int, path: str) -> None:
+        headers = [(":method", "GET"), (":path", path), (":scheme", "http"), (":authority", "sim")]
+        self.conn.send_headers(stream_id, headers, end_stream=True)
+        await self.flush()
+
+    async def events(self) -> list[h2.events.Event]:
+        events = self.conn.receive_data(await self.stream.receive_some())
+        await self.flush()
+        return events
+
+    async def wait_for_data(self) -> None:
+        while not any(isinstance(e, h2.events.DataReceived) for e in await self.events()):
+            pass
+
+
+async def receive_until(stream: trio.SocketStream, marker: bytes) -> bytes:
+    data = b""
+    while marker not in data:
+        chunk = await stream.receive_some()
+        assert chunk, f"the connection closed before {marker!r}"
+        data += chunk
+    return data
+
+
+async def open_stream(port: int, http_version: str) -> trio.SocketStream:
+    """A connection on which ``/stream`` has sent its first event."""
+    if http_version == "HTTP/2":
+        client = await H2Client.connect(port)
+        await client.get(1, "/stream")
+        await client.wait_for_data()
+        return client.stream
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(b"GET /stream HTTP/1.1\r\nhost: sim\r\n\r\n")
+    await receive_until(stream, b"data: 1\n\n")
+    return stream
+
+
+def test_hypercorn_config_follows_ours() -> None:
+    hc = hypercorn_config(Config(host="::1", port=0, max_concurrent_streams=7, shutdown_grace_period=2.5, keep_alive_timeout=9.0))
+    assert hc.bind == ["[::1]:0"]
+    assert (hc.h2_max_concurrent_streams, hc.graceful_timeout, hc.keep_alive_timeout) == (7, 2.5, 9.0)
+    assert hc.alpn_protocols == ["h2", "http/1.1"]
+    assert not hc.include_server_header
+    assert not hc.ssl_enabled
 
 
 async def test_the_handle_reports_the_bound_port_and_the_engine_runs(server: Running) -> None:
@@ -149,14 +208,35 @@ async def test_tls_negotiates_the_protocol_with_alpn(nursery: trio.Nursery, http
 
 @pytest.mark.parametrize("http_version", ["HTTP/1.1", "HTTP/2"])
 async def test_statistics_return_to_zero_after_a_disconnect_mid_stream(server: Running, http_version: str) -> None:
-    async with client(server.handle.url, http_version) as http:
-        async with http.stream("GET", "/stream") as response:
-            assert await first_chunk(response.aiter_bytes()) == b"data: 1\n\n"
-            assert counters(server.tracker) == (1, 1, 0)
+    stream = await open_stream(server.handle.port, http_version)
+    assert counters(server.tracker) == (1, 1, 0)
+    await stream.aclose()
     with trio.fail_after(5):
         await server.sim.app.cancelled.wait()
         await server.tracker.idle.wait()
     assert counters(server.tracker) == (0, 0, 0)
+
+
+async def test_http2_reset_cancels_only_that_stream(server: Running) -> None:
+    client = await H2Client.connect(server.handle.port)
+    await client.get(1, "/stream")
+    await client.wait_for_data()
+    client.conn.reset_stream(1)
+    await client.flush()
+    with trio.fail_after(5):
+        await server.sim.app.cancelled.wait()
+        await server.tracker.idle.wait()
+    assert counters(server.tracker) == (0, 0, 0)
+
+    await client.get(3, "/hello")
+    body = b""
+    while True:
+        events = await client.events()
+        body += b"".join(e.data for e in events if isinstance(e, h2.events.DataReceived) and e.stream_id == 3)
+        if any(isinstance(e, h2.events.StreamEnded) and e.stream_id == 3 for e in events):
+            break
+    assert orjson.loads(body) == {"hello": "2"}
+    await client.stream.aclose()
 
 
 async def test_http2_connection_lost_during_the_final_send_leaves_nothing_behind(
@@ -164,17 +244,12 @@ async def test_http2_connection_lost_during_the_final_send_leaves_nothing_behind
 ) -> None:
     """hypercorn's last ``more_body=False`` send waits for a drain that never comes once
     the TCP connection is gone; the adapter gives up on it after its timeout."""
-    stream = await trio.open_tcp_stream("127.0.0.1", server.handle.port)
-    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-    conn.initiate_connection()
-    conn.send_headers(1, [(":method", "GET"), (":path", "/big"), (":scheme", "http"), (":authority", "sim")], end_stream=True)
-    await stream.send_all(conn.data_to_send())
+    client = await H2Client.connect(server.handle.port)
+    await client.get(1, "/big")
     received = 0
     while received < 16 * 1024:  # the response is underway; never acknowledged, so it stalls
-        for event in conn.receive_data(await stream.receive_some()):
-            if isinstance(event, h2.events.DataReceived):
-                received += len(event.data)
-    await stream.aclose()
+        received += sum(len(e.data) for e in await client.events() if isinstance(e, h2.events.DataReceived))
+    await client.stream.aclose()
     with trio.fail_after(10):
         await server.tracker.idle.wait()
     assert counters(server.tracker) == (0, 0, 0)
@@ -191,7 +266,9 @@ async def test_a_body_over_the_limit_is_answered_413(nursery: trio.Nursery, http
     assert again.content == b"small"
 
 
-async def run_cancellable(nursery: trio.Nursery, sim: FakeSimulator, tracker: ConnectionTracker) -> tuple[ServerHandle, trio.CancelScope, trio.Event]:
+async def run_cancellable(
+    nursery: trio.Nursery, sim: FakeSimulator, tracker: ConnectionTracker
+) -> tuple[ServerHandle, trio.CancelScope, trio.Event]:
     """serve_hypercorn in a scope of its own, so that a test can cancel just the server."""
     scope, done = trio.CancelScope(), trio.Event()
 
@@ -208,17 +285,14 @@ async def test_cancellation_is_a_graceful_shutdown(nursery: trio.Nursery) -> Non
     """In-flight streams finish; the engine runs until hypercorn has returned."""
     sim, tracker = FakeSimulator(), IdleTracker()
     handle, server_scope, server_done = await run_cancellable(nursery, sim, tracker)
-    async with client(handle.url, "HTTP/1.1") as http:
-        async with http.stream("GET", "/stream") as response:
-            chunks = response.aiter_bytes()
-            assert await first_chunk(chunks) == b"data: 1\n\n"
-            server_scope.cancel()
-            await trio.testing.wait_all_tasks_blocked()
-            assert not server_done.is_set()
-            assert sim.engine_running
-            sim.app.release.set()
-            rest = b"".join([chunk async for chunk in chunks])
-    assert rest == b"data: [DONE]\n\n"
+    stream = await open_stream(handle.port, "HTTP/1.1")
+    server_scope.cancel()
+    await trio.testing.wait_all_tasks_blocked()
+    assert not server_done.is_set()
+    assert sim.engine_running
+    sim.app.release.set()
+    assert b"data: [DONE]\n\n" in await receive_until(stream, b"\r\n0\r\n\r\n")
+    await stream.aclose()
     with trio.fail_after(5):
         await server_done.wait()
     assert not sim.engine_running
@@ -232,12 +306,11 @@ async def test_streams_still_running_after_the_grace_period_are_cancelled(
 ) -> None:
     sim, tracker = FakeSimulator(), IdleTracker()
     handle, server_scope, server_done = await run_cancellable(nursery, sim, tracker)
-    async with client(handle.url, "HTTP/2") as http:
-        async with http.stream("GET", "/stream") as response:
-            assert await first_chunk(response.aiter_bytes()) == b"data: 1\n\n"
-            stopped_at = trio.current_time()
-            server_scope.cancel()
-            await sim.app.cancelled.wait()
-            assert trio.current_time() - stopped_at == pytest.approx(1.0)
+    stream = await open_stream(handle.port, "HTTP/2")
+    stopped_at = trio.current_time()
+    server_scope.cancel()
+    await sim.app.cancelled.wait()
+    assert trio.current_time() - stopped_at == pytest.approx(1.0)
     await server_done.wait()
     assert counters(tracker) == (0, 0, 0)
+    await stream.aclose()

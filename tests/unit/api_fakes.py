@@ -146,7 +146,9 @@ class EngineRun:
         return steps
 
 
-def make_job(sink: JobSink, pieces: tuple[str, ...], finish_reason: str = "stop", *, index: int = 0, prompt_tokens: int = 3) -> Job:
+def make_job(
+    sink: JobSink, pieces: tuple[str, ...], finish_reason: str = "stop", *, index: int = 0, prompt_tokens: int = 3
+) -> Job:
     return Job(
         prompt_token_ids=tuple(range(1, prompt_tokens + 1)),
         output=pieces,

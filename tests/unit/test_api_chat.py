@@ -51,7 +51,8 @@ async def test_stream_usage_chunk_matches_the_non_streaming_usage(autojump_clock
     assert done == "[DONE]"
     assert chunks[-1]["choices"] == []
     assert chunks[-1]["usage"] == whole.json()["usage"]
-    assert list(whole.json()["usage"]) == ["prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details"]
+    usage_keys = ["prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details"]
+    assert list(whole.json()["usage"]) == usage_keys
     assert whole.json()["usage"]["completion_tokens"] == 5
 
 
@@ -101,7 +102,14 @@ async def test_echo_mode_replays_the_text_of_the_last_user_message(autojump_cloc
     messages = [
         {"role": "user", "content": "first question"},
         {"role": "assistant", "content": "an answer"},
-        {"role": "user", "content": [{"type": "text", "text": "Tell me"}, {"type": "image_url", "image_url": {"url": "u"}}, {"type": "text", "text": "more."}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Tell me"},
+                {"type": "image_url", "image_url": {"url": "u"}},
+                {"type": "text", "text": "more."},
+            ],
+        },
     ]
     async with running(mode="echo") as sim:
         response = await post(sim, PATH, {"messages": messages})
@@ -156,7 +164,12 @@ async def test_media_blocks_cost_a_few_placeholder_tokens(autojump_clock: MockCl
             "messages[0].content[0].type",
             "Unknown content part type 'file'",
         ),
-        (chat(messages=[{"role": "user", "content": [{"type": "text"}]}]), 400, "messages[0].content[0].text", "no 'text'"),
+        (
+            chat(messages=[{"role": "user", "content": [{"type": "text"}]}]),
+            400,
+            "messages[0].content[0].text",
+            "no 'text'",
+        ),
         (chat(n="2"), 400, "n", "expected an integer, got a string"),
         (chat(n=0), 400, "n", "n must be at least 1"),
         (chat(stream="yes"), 400, "stream", "expected a boolean"),
@@ -173,7 +186,9 @@ async def test_media_blocks_cost_a_few_placeholder_tokens(autojump_clock: MockCl
         (chat(model=7), 400, "model", "expected a string"),
     ],
 )
-async def test_invalid_requests(body: dict[str, Any], status: int, param: str, message: str, autojump_clock: MockClock) -> None:
+async def test_invalid_requests(
+    body: dict[str, Any], status: int, param: str, message: str, autojump_clock: MockClock
+) -> None:
     async with running() as sim:
         response = await post(sim, PATH, body)
         statistics = sim.engine.statistics()

@@ -69,7 +69,8 @@ def test_one_choice_with_usage_exact_bytes() -> None:
             b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
             b'"delta":{"content":" world"},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
             b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
-            b'"delta":{"content":""},"logprobs":null,"finish_reason":"length","stop_reason":null,"token_ids":null}]}\n\n'
+            b'"delta":{"content":""},"logprobs":null,"finish_reason":"length","stop_reason":null,'
+            b'"token_ids":null}]}\n\n'
             b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":'
             b'{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":0}}}\n\n'
             b"data: [DONE]\n\n"
@@ -210,7 +211,8 @@ def test_non_streaming_body_exact_bytes(echo: str | None) -> None:
         b'"audio":null,"function_call":null,"reasoning":null},"logprobs":null,"finish_reason":"stop",'
         b'"stop_reason":null,"token_ids":null,"routed_experts":null}],'
         b'"service_tier":null,"system_fingerprint":null,'
-        b'"usage":{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":0}},'
+        b'"usage":{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2,'
+        b'"prompt_tokens_details":{"cached_tokens":0}},'
         b'"prompt_logprobs":null,"prompt_token_ids":null,"prompt_text":null,"kv_transfer_params":null,'
         b'"ec_transfer_params":null,"metrics":null}'
     )

@@ -65,7 +65,8 @@ def test_one_choice_with_usage_exact_bytes() -> None:
             b'"text":" and","logprobs":null,"finish_reason":"length","stop_reason":null,"prompt_token_ids":null,'
             b'"token_ids":null}],"usage":null}\n\n'
             b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[],"usage":'
-            b'{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":0}}}\n\n'
+            b'{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2,'
+            b'"prompt_tokens_details":{"cached_tokens":0}}}\n\n'
             b"data: [DONE]\n\n"
         ),
     }
@@ -124,6 +125,7 @@ def test_non_streaming_body_exact_bytes() -> None:
         b'{"index":1,"text":"B!","logprobs":null,"finish_reason":"stop","stop_reason":null,"token_ids":null,'
         b'"prompt_logprobs":null,"prompt_token_ids":null,"routed_experts":null}],'
         b'"service_tier":null,"system_fingerprint":null,'
-        b'"usage":{"prompt_tokens":6,"total_tokens":9,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":0}},'
+        b'"usage":{"prompt_tokens":6,"total_tokens":9,"completion_tokens":3,'
+        b'"prompt_tokens_details":{"cached_tokens":0}},'
         b'"kv_transfer_params":null}'
     )

@@ -44,16 +44,28 @@ class CheckingSink:
         return self.accept
 
 
+@attrs.frozen
+class Op:
+    kind: str  # submit / cancel / step / block / resume
+    number: int = 0  # submit: prompt tokens; cancel/block/resume: which job
+    output: int = 0
+    cached: int = 0
+    dt: float = 0.0
+
+
 operations = st.lists(
     st.one_of(
-        st.tuples(st.just("submit"), st.integers(0, 60), st.integers(0, 40), st.integers(0, 30)),
-        st.tuples(st.just("cancel"), st.integers(0, 100)),
-        st.tuples(st.just("step"), st.floats(0.0, 0.03)),
-        st.tuples(st.just("block"), st.integers(0, 100)),
-        st.tuples(st.just("resume"), st.integers(0, 100)),
+        st.builds(Op, st.just("submit"), st.integers(0, 60), st.integers(0, 40), st.integers(0, 30)),
+        st.builds(Op, st.sampled_from(["cancel", "block", "resume"]), st.integers(0, 100)),
+        st.builds(Op, st.just("step"), dt=st.floats(0.0, 0.03)),
     ),
     max_size=60,
 )
+
+
+def sink_of(job: Job) -> CheckingSink:
+    assert isinstance(job.sink, CheckingSink)
+    return job.sink
 
 
 def _check_counts(engine: Engine, jobs: list[Job]) -> None:
@@ -70,38 +82,37 @@ def _check_counts(engine: Engine, jobs: list[Job]) -> None:
 
 @settings(max_examples=150, deadline=None)
 @given(ops=operations, seed=st.integers(0, 1000))
-def test_engine_stays_consistent(ops: list[tuple[object, ...]], seed: int) -> None:
+def test_engine_stays_consistent(ops: list[Op], seed: int) -> None:
     engine = Engine(CONFIG, rng=random.Random(seed))
     jobs: list[Job] = []
     emitted_at_cancel: dict[int, int] = {}
     now = 0.0
     for op in ops:
-        kind = op[0]
-        if kind == "submit":
-            _, prompt, output, cached = op
-            job = Job(list(range(int(prompt))), ("x",) * int(output), "stop", CheckingSink(), cached_tokens=int(cached))
+        if op.kind == "submit":
+            job = Job(list(range(op.number)), ("x",) * op.output, "stop", CheckingSink(), cached_tokens=op.cached)
             jobs.append(job)
             try:
                 engine.submit(job, now)
             except QueueFullError:
                 assert job.state is JobState.REJECTED
-        elif kind == "step":
-            now += float(op[1])  # type: ignore[arg-type]
+        elif op.kind == "step":
+            now += op.dt
             engine.step(now)
         elif jobs:
-            job = jobs[int(op[1]) % len(jobs)]  # type: ignore[call-overload]
-            if kind == "cancel":
+            job = jobs[op.number % len(jobs)]
+            sink = sink_of(job)
+            if op.kind == "cancel":
                 engine.cancel(job, now)
-                emitted_at_cancel.setdefault(id(job), len(job.sink.ranges))  # type: ignore[attr-defined]
-            elif kind == "block":
-                job.sink.accept = False  # type: ignore[attr-defined]
+                emitted_at_cancel.setdefault(id(job), len(sink.ranges))
+            elif op.kind == "block":
+                sink.accept = False
             else:
-                job.sink.accept = True  # type: ignore[attr-defined]
+                sink.accept = True
                 engine.resume(job, now)
         _check_counts(engine, jobs)
 
     for job in jobs:  # unblock everyone and drain
-        job.sink.accept = True  # type: ignore[attr-defined]
+        sink_of(job).accept = True
         engine.resume(job, now)
     while (deadline := engine.next_deadline()) != math.inf:
         now = max(now, deadline)
@@ -113,4 +124,4 @@ def test_engine_stays_consistent(ops: list[tuple[object, ...]], seed: int) -> No
         if job.state is JobState.FINISHED:
             assert job.emitted == len(job.output)
         if id(job) in emitted_at_cancel:  # no output after a cancel
-            assert len(job.sink.ranges) == emitted_at_cancel[id(job)]  # type: ignore[attr-defined]
+            assert len(sink_of(job).ranges) == emitted_at_cancel[id(job)]

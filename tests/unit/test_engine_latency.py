@@ -54,17 +54,17 @@ def test_load_factor_is_one_with_a_single_slot() -> None:
 
 
 @pytest.mark.parametrize(
-    ("knobs", "per_token_prefill", "per_token_transfer"),
+    ("config", "per_token_prefill", "per_token_transfer"),
     [
-        ({}, True, True),
-        ({"time_to_first_token": 0.1}, False, True),
-        ({"kv_cache_transfer_latency": 0.1}, True, False),
-        ({"latency_calculator": "constant"}, False, False),
-        ({"latency_calculator": "per-token", "time_to_first_token": 0.1}, True, True),
+        (Config(), True, True),
+        (Config(time_to_first_token=0.1), False, True),
+        (Config(kv_cache_transfer_latency=0.1), True, False),
+        (Config(latency_calculator="constant"), False, False),
+        (Config(latency_calculator="per-token", time_to_first_token=0.1), True, True),
     ],
 )
-def test_calculator_resolution(knobs: dict[str, object], per_token_prefill: bool, per_token_transfer: bool) -> None:
-    model = LatencyModel.from_config(Config(**knobs))  # type: ignore[arg-type]
+def test_calculator_resolution(config: Config, per_token_prefill: bool, per_token_transfer: bool) -> None:
+    model = LatencyModel.from_config(config)
     assert (model.per_token_prefill, model.per_token_transfer) == (per_token_prefill, per_token_transfer)
 
 

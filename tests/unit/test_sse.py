@@ -21,7 +21,8 @@ def test_escape_is_exactly_the_inside_of_a_json_string(text: str) -> None:
 
 
 def test_escape_writes_utf8_and_short_control_escapes() -> None:
-    assert sse.escape('a"b\\c\n\t\r\x08\x0c\x1f/\u00e9\u2028') == ('a\\"b\\\\c\\n\\t\\r\\b\\f\\u001f/\u00e9\u2028').encode()
+    text = 'a"b\\c\n\t\r\x08\x0c\x1f/\u00e9\u2028'
+    assert sse.escape(text) == 'a\\"b\\\\c\\n\\t\\r\\b\\f\\u001f/\u00e9\u2028'.encode()
 
 
 def test_the_piece_cache_stays_bounded() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import pytest
 import tokenizers
 from hypothesis import given
@@ -144,6 +145,21 @@ def test_hf_round_trips(tokenizer_json: Path, text: str) -> None:
     pieces = tokenizer.tokenize(text)
     assert len(pieces) == len(ids)
     assert "".join(pieces) == text
+
+
+def test_hf_pieces_cover_the_text_when_offsets_skip_or_go_back() -> None:
+    @attrs.frozen
+    class Encoding:
+        offsets: list[tuple[int, int]]
+
+    class Offsets:
+        """Whitespace skipped between tokens, and a token that starts before the previous one."""
+
+        def encode(self, text: str, add_special_tokens: bool) -> Encoding:
+            return Encoding([(0, 5), (6, 11), (3, 5), (12, 13)])
+
+    pieces = HFTokenizer(Offsets()).tokenize("hello world !")  # type: ignore[arg-type]
+    assert pieces == ["hello ", "", "world ", "!"]
 
 
 def test_hf_token_strings_are_vocabulary_entries(tokenizer_json: Path) -> None:

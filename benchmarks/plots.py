@@ -1,0 +1,97 @@
+"""PNG plots of the scenario results (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+__all__ = ["ceiling", "fidelity", "memory", "throughput"]
+
+
+def throughput(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    """Grouped bars per load: tokens/s and CPU per token, each bar labelled with its ratio."""
+    loads = list(dict.fromkeys(r["load"] for r in rows))
+    servers = list(dict.fromkeys(r["server"] for r in rows))
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(9, 8))
+    width = 0.8 / len(servers)
+    for index, server in enumerate(servers):
+        mine = {r["load"]: r for r in rows if r["server"] == server}
+        xs = [i + (index - (len(servers) - 1) / 2) * width for i in range(len(loads))]
+        tokens = [mine[load]["tokens_per_second"] if load in mine else 0 for load in loads]
+        cpu = [mine[load]["cpu_seconds_per_million_tokens"] if load in mine else 0 for load in loads]
+        bars = top.bar(xs, tokens, width, label=server)
+        _label(top, bars, [mine.get(load, {}).get("throughput_ratio", math.nan) for load in loads])
+        bars = bottom.bar(xs, cpu, width, label=server)
+        _label(bottom, bars, [mine.get(load, {}).get("cpu_efficiency_ratio", math.nan) for load in loads])
+    for axis, title in ((top, "streamed tokens/s (label: x baseline)"), (bottom, "server CPU s per million tokens (label: baseline / this)")):
+        axis.set_xticks(range(len(loads)), loads)
+        axis.set_title(title)
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def fidelity(rows: Sequence[dict[str, Any]], ttft: float, itl: float, path: Path) -> None:
+    """Measured TTFT and ITL p50/p99 per concurrency and server, against the configured value."""
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    servers = list(dict.fromkeys(r["server"] for r in rows))
+    for axis, metric, configured in ((axes[0], "ttft", ttft), (axes[1], "itl", itl)):
+        for server, color in zip(servers, ("tab:blue", "tab:gray", "tab:orange")):
+            mine = [r for r in rows if r["server"] == server]
+            labels = [f"{r['concurrency']:,}" for r in mine]
+            for quantile, style in (("p50", "-o"), ("p99", "--^")):
+                values = [_ms(r[f"{metric}_{quantile}"]) for r in mine]
+                axis.plot(labels, values, style, color=color, label=f"{server} {quantile}")
+        axis.axhline(configured * 1000, color="black", linewidth=1, label="configured")
+        axis.axhspan(configured * 1000 * 0.95, configured * 1000 * 1.05, color="green", alpha=0.15, label="±5 %")
+        axis.set_yscale("log")
+        axis.set_xlabel("concurrent HTTP/2 streams")
+        axis.set_ylabel("ms (log scale)")
+        axis.set_title(f"{metric.upper()} as the client measured it")
+        axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def memory(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    figure, axis = plt.subplots(figsize=(6, 4))
+    labels = [f"{r['streams']:,}" for r in rows]
+    bars = axis.bar(labels, [r["bytes_per_stream"] / 1024 for r in rows])
+    axis.bar_label(bars, [f"{r['bytes_per_stream'] / 1024:.1f} KiB" for r in rows])
+    axis.axhline(20, color="black", linestyle="--", label="target 20 KB")
+    axis.set_xlabel("in-flight streams")
+    axis.set_ylabel("server RSS per stream (KiB)")
+    axis.set_title("memory per in-flight stream (llmsim native)")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def ceiling(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    figure, axis = plt.subplots(figsize=(7, 4))
+    labels = [f"{r['load']}\n{r['processes']} proc" for r in rows]
+    bars = axis.bar(labels, [r["events_per_second"] for r in rows])
+    axis.bar_label(bars, [f"busy {r['client_busy']:.2f}" for r in rows])
+    axis.set_ylabel("SSE events/s consumed")
+    axis.set_title("load generator ceiling (against the blaster)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def _label(axis: Any, bars: Any, ratios: Sequence[float]) -> None:
+    axis.bar_label(bars, ["" if math.isnan(r) else f"{r:.1f}x" for r in ratios], fontsize=8)
+
+
+def _ms(seconds: float | None) -> float:
+    return math.nan if seconds is None else seconds * 1000

@@ -1,0 +1,28 @@
+"""The benchmark scenarios.  Each module has ``run(options) -> dict`` that prints a table,
+writes ``results/<name>.json`` and its plots, and returns what it wrote."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+
+__all__ = ["Options"]
+
+
+@attrs.frozen
+class Options:
+    """Settings shared by every scenario.
+
+    ``quick`` shortens every timed load (for smoke runs; the numbers get noisier);
+    ``processes`` is how many load-generator worker processes share the connections.
+    """
+
+    quick: bool = False
+    processes: int = 2
+    results_dir: Path = Path(__file__).resolve().parent.parent / "results"
+
+    @property
+    def log_dir(self) -> Path:
+        """Server logs and scratch files (not committed)."""
+        return self.results_dir / "tmp"

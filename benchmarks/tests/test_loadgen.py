@@ -1,0 +1,101 @@
+"""The load generator's parsers: the measuring instrument must count exactly.
+
+Run with ``python -m pytest benchmarks/tests`` (not part of ``make test``: benchmarks/
+is outside the product's test paths).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import trio
+
+from benchmarks.loadgen.blaster import render_events
+from benchmarks.loadgen.http1 import ResponseParser
+from benchmarks.loadgen.records import StreamRecord
+from benchmarks.loadgen.runner import LoadSpec, _drive
+from benchmarks.loadgen.plan import Plan
+from benchmarks.loadgen.records import chat_body
+from benchmarks.loadgen.sse import SseReader
+
+
+def _pieces(data: bytes, rng: random.Random) -> list[bytes]:
+    cuts = sorted(rng.sample(range(1, len(data)), k=min(len(data) - 1, rng.randint(0, 40))))
+    return [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
+
+
+@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("crlf", [False, True])
+def test_sse_reader_counts_content_events_however_the_body_is_split(seed: int, crlf: bool) -> None:
+    rng = random.Random(seed)
+    body = b"".join(render_events(7))
+    if crlf:
+        body = body.replace(b"\n", b"\r\n")
+    record = StreamRecord(start=0.0)
+    reader = SseReader(record)
+    for at, piece in enumerate(_pieces(body, rng), start=1):
+        reader.feed(piece, float(at))
+    reader.finish(99.0)
+    assert (record.events, record.tokens, record.done, record.error) == (9, 7, True, None)
+    assert len(record.gaps) == record.events - 1
+
+
+def test_sse_reader_compact_json_and_error_event() -> None:
+    record = StreamRecord(start=0.0)
+    reader = SseReader(record)
+    reader.feed(b'data: {"choices":[{"delta":{"content":"[]"}}]}\n\ndata: {"choices":[],"usage":{"completion_tokens":1}}\n\n', 1.0)
+    reader.feed(b'data: {"error": {"message": "boom", "code": 500}}\n\ndata: [DONE]\n\n', 2.0)
+    reader.finish(3.0)
+    assert record.events == 1 and record.tokens == 1 and record.done
+    assert record.error is not None and "boom" in record.error
+
+
+def test_sse_reader_flags_a_stream_without_done() -> None:
+    record = StreamRecord(start=0.0)
+    reader = SseReader(record)
+    reader.feed(b'data: {"choices":[{"delta":{}}]}\n\n', 1.0)
+    reader.finish(2.0)
+    assert record.error == "stream ended without [DONE]"
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_http1_parser_dechunks_across_arbitrary_reads(seed: int) -> None:
+    rng = random.Random(seed)
+    events = render_events(5)
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    body = b"".join(b"%x;ext=1\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\nx-trailer: 1\r\n\r\n"
+    parser = ResponseParser(StreamRecord(start=0.0))
+    for piece in _pieces(head + body, rng):
+        parser.feed(piece, 1.0)
+    assert parser.complete and parser.keep_alive
+    assert (parser.record.status, parser.record.events, parser.record.tokens, parser.record.error) == (200, 7, 5, None)
+
+
+def test_http1_parser_error_status_keeps_the_body() -> None:
+    body = b'{"error": {"message": "The model `x` does not exist."}}'
+    response = b"HTTP/1.1 404 Not Found\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+    parser = ResponseParser(StreamRecord(start=0.0))
+    parser.feed(response, 1.0)
+    assert parser.complete and not parser.keep_alive
+    assert parser.record.status == 404 and "does not exist" in (parser.record.error or "")
+
+
+@pytest.mark.parametrize("http2", [False, True])
+def test_closed_loop_against_the_blaster(http2: bool) -> None:
+    """End to end over loopback: every finished stream is complete and error-free."""
+    from benchmarks.servers import ServerSpec, running
+    import sys
+    from pathlib import Path
+    import tempfile
+    import time
+
+    spec_server = ServerSpec("blaster", (sys.executable, "-m", "benchmarks.loadgen.blaster", "--port", "{port}", "--itl", "0.001"))
+    with tempfile.TemporaryDirectory() as tmp, running(spec_server, Path(tmp)) as server:
+        spec = LoadSpec(port=server.port, http2=http2, connections=2, streams=3 if http2 else 1, duration=1.0, warmup=0.0, max_tokens=20)
+        start = time.perf_counter()
+        plan = Plan(spec.host, spec.port, spec.path, chat_body(spec.model, spec.max_tokens), start + spec.duration)
+        trio.run(_drive, spec, 0, plan, start)
+    finished = [r for r in plan.records if r.done]
+    assert finished and all(r.error is None and r.events == 22 and r.tokens == 20 for r in finished)
+    assert min(r.ttft for r in finished) > 0

@@ -1,0 +1,134 @@
+"""Logprobs as vLLM writes them, for chat and for completions.
+
+Chat (``_create_chat_logprobs``): ``{"content": [{"token", "logprob", "bytes",
+"top_logprobs": [{"token", "logprob", "bytes"}, ...]}]}``, one entry per token, the
+``top_logprobs`` list exactly ``top_logprobs`` long.  Completions
+(``_create_completion_logprobs``): ``{"text_offset", "token_logprobs", "tokens",
+"top_logprobs"}``, parallel lists; each top dict holds the ``logprobs`` most likely
+tokens, the sampled one among them (the synthetic model samples greedily), so at least
+that one; with ``echo`` the prompt's tokens come first, the very first without a
+logprob (``null``, as vLLM's prompt logprobs).  ``text_offset`` runs over the choice's
+whole text, across the chunks of a stream.
+
+Values come from :func:`~llmsim.engine.logprobs.synthesize_logprobs`, a pure function
+of (token, position, seed): a stream asks for each token as it goes out, the complete
+response for all of them, and both get the same numbers.  Each choice has its own seed.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+
+import attrs
+import orjson
+
+from llmsim.engine.job import Job
+from llmsim.engine.logprobs import TokenLogprob, synthesize_logprobs, token_bytes
+
+__all__ = ["choice_seed", "ChatLogprobs", "EchoedPrompt", "CompletionLogprobs"]
+
+
+def choice_seed(seed: int | None, request_id: str, index: int) -> int:
+    """The logprob seed of one choice: reproducible for the same ``--seed`` and request id."""
+    return zlib.crc32(f"{seed}:{request_id}:{index}".encode())
+
+
+class ChatLogprobs:
+    """Chat's ``logprobs`` objects for the choices of one request."""
+
+    def __init__(self, top_logprobs: int, seeds: Sequence[int]) -> None:
+        self._top = top_logprobs
+        self._seeds = seeds
+
+    def token_bytes(self, job: Job, position: int) -> bytes:
+        """``{"content":[<entry>]}`` for output token ``position`` of ``job`` (a stream chunk)."""
+        (value,) = synthesize_logprobs(
+            job.output[position : position + 1], top_n=self._top, position_offset=position, seed=self._seeds[job.index]
+        )
+        return b'{"content":[' + orjson.dumps(_chat_entry(value)) + b"]}"
+
+    def of(self, job: Job) -> dict[str, object]:
+        """The whole choice's ``logprobs`` object (the complete response)."""
+        values = synthesize_logprobs(job.output, top_n=self._top, seed=self._seeds[job.index])
+        return {"content": [_chat_entry(value) for value in values]}
+
+
+def _chat_entry(value: TokenLogprob) -> dict[str, object]:
+    return {
+        "token": value.token,
+        "logprob": value.logprob,
+        "bytes": value.bytes,
+        "top_logprobs": [
+            {"token": token, "logprob": logprob, "bytes": token_bytes(token)} for token, logprob in value.top
+        ],
+    }
+
+
+@attrs.frozen
+class EchoedPrompt:
+    """A prompt whose tokens ``echo`` prepends, and the seed of their logprobs."""
+
+    tokens: tuple[str, ...]
+    seed: int
+
+
+class CompletionLogprobs:
+    """Completions' ``logprobs`` objects for the choices of one request.
+
+    ``prompts`` (with ``echo``) are the request's prompts; choice ``i`` answers prompt
+    ``i // choices_per_prompt``, and its choices share the prompt's logprobs.
+    """
+
+    def __init__(
+        self,
+        logprobs: int,
+        seeds: Sequence[int],
+        *,
+        choices_per_prompt: int,
+        prompts: Sequence[EchoedPrompt] | None = None,
+    ) -> None:
+        self._top = max(logprobs, 1)  # the sampled token is always listed
+        self._seeds = seeds
+        self._choices_per_prompt = choices_per_prompt
+        self._prompts = None if prompts is None else [self._prompt_values(prompt) for prompt in prompts]
+        self._offsets = [0] * len(seeds)  # per choice: the text length streamed so far
+
+    def _prompt_values(self, prompt: EchoedPrompt) -> tuple[list[str], list[TokenLogprob | None]]:
+        rest = synthesize_logprobs(prompt.tokens[1:], top_n=self._top, position_offset=1, seed=prompt.seed)
+        return list(prompt.tokens), [None, *rest]
+
+    def chunk_bytes(self, job: Job, start: int, stop: int) -> bytes:
+        """The object for the chunk carrying ``job.output[start:stop]`` (and the prompt,
+        echoed, when ``start`` is 0), its offsets continuing from the chunks before."""
+        tokens, values = self._tokens(job, start, stop)
+        value = self._object(tokens, values, self._offsets[job.index])
+        self._offsets[job.index] += sum(map(len, tokens))
+        return orjson.dumps(value)
+
+    def of(self, job: Job) -> dict[str, object]:
+        """The whole choice's ``logprobs`` object (the complete response)."""
+        return self._object(*self._tokens(job, 0, len(job.output)), 0)
+
+    def _tokens(self, job: Job, start: int, stop: int) -> tuple[list[str], list[TokenLogprob | None]]:
+        tokens = list(job.output[start:stop])
+        values: list[TokenLogprob | None] = list(
+            synthesize_logprobs(tokens, top_n=self._top, position_offset=start, seed=self._seeds[job.index])
+        )
+        if start == 0 and self._prompts is not None:
+            prompt_tokens, prompt_values = self._prompts[job.index // self._choices_per_prompt]
+            tokens[:0], values[:0] = prompt_tokens, prompt_values
+        return tokens, values
+
+    @staticmethod
+    def _object(tokens: list[str], values: list[TokenLogprob | None], offset: int) -> dict[str, object]:
+        offsets = []
+        for token in tokens:
+            offsets.append(offset)
+            offset += len(token)
+        return {
+            "text_offset": offsets,
+            "token_logprobs": [None if value is None else value.logprob for value in values],
+            "tokens": tokens,
+            "top_logprobs": [None if value is None else dict(value.top) for value in values],
+        }

@@ -1,0 +1,72 @@
+"""Function tools of /v1/responses and /v1/messages on the engine's tool planner
+(:mod:`llmsim.engine.tools`): schema checks as 400s, and the tool-call knobs.
+
+A tool's parameters schema is compiled once per request; compiling is validating, so
+a schema llmsim cannot honour is a 400 naming the field, and every generated argument
+object validates against its schema.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from llmsim.api.errors import ApiError
+from llmsim.config import Config
+from llmsim.engine.tools import (
+    CompiledSchema,
+    ToolCallOptions,
+    ToolChoiceError,
+    ToolSchemaError,
+    ToolSpec,
+    compile_schema,
+)
+
+__all__ = ["FunctionTool", "build_tool", "choice_error", "compile_parameters", "tool_options"]
+
+
+@attrs.frozen
+class FunctionTool:
+    """A callable tool: its definition as the prompt shows it, and its compiled spec."""
+
+    definition: dict[str, object]
+    spec: ToolSpec
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+def build_tool(name: str, parameters: object, *, path: str, definition: dict[str, object]) -> FunctionTool:
+    """``parameters`` (an object, or None: no arguments) compiled; 400 when llmsim
+    cannot generate valid arguments for it."""
+    _check_object(parameters, path)
+    try:
+        return FunctionTool(definition, ToolSpec.build(name, parameters, path=path))
+    except ToolSchemaError as exc:
+        raise ApiError(400, f"Tool validation failed for {name!r}: {exc}", param=path) from None
+
+
+def compile_parameters(schema: object, path: str) -> CompiledSchema:
+    """A schema for generated values (``text.format.schema``); 400 as above."""
+    _check_object(schema, path)
+    try:
+        return compile_schema(schema, path=path)
+    except ToolSchemaError as exc:
+        raise ApiError(400, f"Schema validation failed: {exc}", param=path) from None
+
+
+def _check_object(schema: object, path: str) -> None:
+    if schema is not None and not isinstance(schema, dict):
+        raise ApiError(400, f"Invalid type for '{path}': expected an object.", param=path)
+
+
+def choice_error(exc: ToolChoiceError, param: str = "tool_choice") -> ApiError:
+    return ApiError(400, str(exc), param=param)
+
+
+def tool_options(config: Config) -> ToolCallOptions:
+    """The tool-call knobs of ``config`` (llm-d-inference-sim's flags; its defaults
+    for those the config does not carry yet)."""
+    names = attrs.fields_dict(ToolCallOptions)
+    given = {name: getattr(config, name) for name in names if hasattr(config, name)}
+    return ToolCallOptions(**given)

@@ -1,0 +1,92 @@
+"""``llmsim.serve`` with its native handlers and the real simulator: the basic endpoints
+and a streamed chat over every transport, h2load, and clients that leave mid-stream."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import httpx
+import pytest
+import trio
+import trio.testing
+from h2.errors import ErrorCodes
+
+import llmsim
+from llmsim.config import Config
+from llmsim.server import ServerHandle, ServerStatistics
+from tests.conftest import require_tool
+from tests.protocol.helpers import H2Client
+
+CHAT = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": True}
+
+
+async def start(nursery: trio.Nursery, **config: object) -> ServerHandle:
+    return await nursery.start(llmsim.serve, Config(port=0, served_model_name=("sim-model",), **config))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("http1", "http2", "version"), [(True, False, "HTTP/1.1"), (False, True, "HTTP/2")])
+async def test_health_models_and_a_streamed_chat(nursery: trio.Nursery, http1: bool, http2: bool, version: str) -> None:
+    server = await start(nursery)
+    async with httpx.AsyncClient(http1=http1, http2=http2, base_url=server.url) as client:
+        health = await client.get("/health")
+        models = await client.get("/v1/models")
+        async with client.stream("POST", "/v1/chat/completions", json=CHAT) as chat:
+            events = [line async for line in chat.aiter_lines() if line.startswith("data: ")]
+    assert (health.status_code, health.http_version) == (200, version)
+    assert [card["id"] for card in models.json()["data"]] == ["sim-model"]
+    assert chat.headers["content-type"].startswith("text/event-stream")
+    assert events[-1] == "data: [DONE]" and len(events) >= 3
+    stats = server.statistics()
+    assert (stats.active_streams, stats.running, stats.waiting) == (0, 0, 0)
+    assert stats.requests_served == 3
+
+
+async def test_curl_over_tls_negotiates_h2(nursery: trio.Nursery) -> None:
+    server = await start(nursery, self_signed_certs=True)
+    result = await trio.run_process(
+        [require_tool("curl"), "-sS", "-k", "--http2", "-w", "\n%{http_version}", server.url + "/v1/models"],
+        capture_stdout=True,
+    )
+    body, _, version = result.stdout.decode().rpartition("\n")
+    assert version == "2" and '"sim-model"' in body
+
+
+@pytest.mark.parametrize("mode", [(), ("--h1",)])
+async def test_h2load_against_health(nursery: trio.Nursery, mode: tuple[str, ...]) -> None:
+    server = await start(nursery)
+    result = await trio.run_process(
+        [require_tool("h2load"), "-n", "2000", "-c", "10", "-m", "100", *mode, server.url + "/health"],
+        capture_stdout=True,
+    )
+    out = result.stdout.decode()
+    assert "2000 succeeded, 0 failed, 0 errored" in out, out
+
+
+async def _settle(server: ServerHandle, done: Callable[[ServerStatistics], bool]) -> ServerStatistics:
+    """The server's statistics once ``done`` holds (it sees the client's act as soon as
+    the loopback delivers it; this only waits for that)."""
+    with trio.fail_after(10):
+        while not done(stats := server.statistics()):
+            await trio.testing.wait_all_tasks_blocked()
+    return stats
+
+
+async def test_rst_stream_and_connection_close_mid_chat_cancel_the_job(nursery: trio.Nursery) -> None:
+    server = await start(nursery, inter_token_latency=0.01)
+    request = json.dumps({**CHAT, "max_tokens": 10_000, "ignore_eos": True}).encode()
+    stream = await trio.open_tcp_stream(server.host, server.port)
+    client = H2Client(stream)
+    await client.start()
+    headers = ((b"content-type", b"application/json"),)
+    first = await client.request("/v1/chat/completions", method="POST", body=request, headers=headers)
+    second = await client.request("/v1/chat/completions", method="POST", body=request, headers=headers)
+    await client.wait_until(lambda: bool(client.records[first].chunks and client.records[second].chunks))
+    assert server.statistics().running == 2
+    client.conn.reset_stream(first, ErrorCodes.CANCEL)
+    await client.flush()
+    stats = await _settle(server, lambda s: s.running == 1)
+    assert (stats.active_streams, stats.open_connections) == (1, 1)
+    await stream.aclose()
+    stats = await _settle(server, lambda s: s.open_connections == 0)
+    assert (stats.active_streams, stats.running, stats.waiting) == (0, 0, 0)
