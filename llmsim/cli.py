@@ -88,6 +88,26 @@ _GROUPS: tuple[tuple[str, dict[str, FlagDoc]], ...] = (
         },
     ),
     (
+        "tool calls",
+        {
+            "min_tool_call_integer_param": FlagDoc("N", "smallest generated integer argument (unless the schema says)"),
+            "max_tool_call_integer_param": FlagDoc("N", "largest generated integer argument (unless the schema says)"),
+            "min_tool_call_number_param": FlagDoc("X", "smallest generated number argument (unless the schema says)"),
+            "max_tool_call_number_param": FlagDoc("X", "largest generated number argument (unless the schema says)"),
+            "min_tool_call_array_param_length": FlagDoc("N", "shortest generated array argument (unless the schema says)"),
+            "max_tool_call_array_param_length": FlagDoc("N", "longest generated array argument (unless the schema says)"),
+            "tool_call_not_required_param_probability": FlagDoc(
+                "PERCENT", "chance that an optional top-level argument is generated"
+            ),
+            "object_tool_call_not_required_field_probability": FlagDoc(
+                "PERCENT", "chance that an optional field of a nested object is generated"
+            ),
+            "tool_call_extra_call_probability": FlagDoc(
+                "PERCENT", "chance of one more tool call after each one (tool_choice auto/required)"
+            ),
+        },
+    ),
+    (
         "latency model",
         {
             "latency_calculator": FlagDoc(

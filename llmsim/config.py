@@ -106,6 +106,11 @@ def _one_of(*choices: str) -> Any:
     return check
 
 
+def _percent(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    if not 0 <= value <= 100:
+        raise ConfigError(_key(attribute.name), f"must be a percentage in 0..100, got {value}")
+
+
 def _port(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
     if not 0 <= value <= 65535:
         raise ConfigError(_key(attribute.name), f"must be in 0..65535, got {value}")
@@ -155,6 +160,17 @@ class Config:
     kv_cache_transfer_time_std_dev: float = attrs.field(default=0.0, validator=_non_negative)
     time_factor_under_load: float = attrs.field(default=1.0)
 
+    # --- tool-call generation (llm-d-inference-sim's knobs; a schema's bounds win) ----
+    min_tool_call_integer_param: int = 0
+    max_tool_call_integer_param: int = 100
+    min_tool_call_number_param: float = 0.0
+    max_tool_call_number_param: float = 100.0
+    min_tool_call_array_param_length: int = attrs.field(default=1, validator=_non_negative)
+    max_tool_call_array_param_length: int = attrs.field(default=5, validator=_non_negative)
+    tool_call_not_required_param_probability: int = attrs.field(default=50, validator=_percent)
+    object_tool_call_not_required_field_probability: int = attrs.field(default=50, validator=_percent)
+    tool_call_extra_call_probability: int = attrs.field(default=45, validator=_percent)
+
     # --- server --------------------------------------------------------------------
     host: str = "127.0.0.1"
     port: int = attrs.field(default=8000, validator=_port)
@@ -190,6 +206,13 @@ class Config:
         for name in self.served_model_name:
             if not name:
                 raise ConfigError("served-model-name", "names must not be empty")
+        for low, high in (
+            ("min_tool_call_integer_param", "max_tool_call_integer_param"),
+            ("min_tool_call_number_param", "max_tool_call_number_param"),
+            ("min_tool_call_array_param_length", "max_tool_call_array_param_length"),
+        ):
+            if getattr(self, low) > getattr(self, high):
+                raise ConfigError(_key(low), f"must be <= {_key(high)} ({getattr(self, high)}), got {getattr(self, low)}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
             raise ConfigError(
                 "max-num-batched-tokens",

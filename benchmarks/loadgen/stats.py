@@ -57,7 +57,9 @@ class LoadSummary:
     window_seconds: float
     streams_started: int
     streams_measured: int
+    #: Streams still open at the stop time, and how many of those had begun streaming.
     unfinished: int
+    streaming_at_stop: int
     errors: int
     error_samples: tuple[str, ...]
     statuses: dict[int, int]
@@ -90,6 +92,7 @@ def summarize(result: LoadResult) -> LoadSummary:
             events += record.events
             if record.start >= begin and record.end <= end:
                 measured.append(record)
+    open_streams = [r for r in records if r.error is None and math.isnan(r.end)]
     window = end - begin
     tokens_per_event = tokens / events if events else 1.0
     return LoadSummary(
@@ -98,7 +101,8 @@ def summarize(result: LoadResult) -> LoadSummary:
         window_seconds=window,
         streams_started=len(records),
         streams_measured=len(measured),
-        unfinished=sum(1 for r in records if r.error is None and math.isnan(r.end)),
+        unfinished=len(open_streams),
+        streaming_at_stop=sum(1 for r in open_streams if r.events),
         errors=sum(errors.values()),
         error_samples=tuple(f"{count}x {text}" for text, count in errors.most_common(5)),
         statuses=dict(Counter(r.status for r in records)),

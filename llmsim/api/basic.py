@@ -22,7 +22,7 @@ async def ready(call: Call) -> None:
     ctx = call.ctx
     remaining = ctx.started_at + ctx.config.startup_duration - ctx.clock()
     if remaining > 0:
-        raise ApiError(503, f"The server is starting up; ready in {remaining:.3f}s", error_type="ServiceUnavailable")
+        raise ApiError(503, f"The server is starting up; ready in {remaining:.3f}s")
     call.respond(200, b"", _EMPTY_HEADERS)
 
 

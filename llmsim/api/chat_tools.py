@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from llmsim.api.context import ApiContext
 from llmsim.api.errors import ApiError
 from llmsim.api.requests import ChatTool
-from llmsim.api.tool_support import tool_options
+from llmsim.api.tool_support import planning_errors, tool_options
 from llmsim.api.turns import TOOL_CALL, Block, TurnPlan, output_cap, plan_text, plan_tool_calls
 from llmsim.engine.tools import ToolChoice, ToolSchemaError, ToolSpec
 from llmsim.engine.tools import plan_tool_calls as choose_calls
@@ -62,7 +62,8 @@ def plan_choices(
     plans = []
     for index in range(choices):
         rng = ctx.rng_for(request_id, index)
-        calls = choose_calls(tools, choice, rng, options=options)[: None if parallel_tool_calls else 1]
+        with planning_errors():
+            calls = choose_calls(tools, choice, rng, options=options)[: None if parallel_tool_calls else 1]
         if calls:
             plans.append(plan_tool_calls(ctx, [(call.name, tool_call_id(rng), call.arguments) for call in calls], cap))
         else:

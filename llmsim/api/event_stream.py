@@ -29,9 +29,9 @@ from llmsim.api.generation import (
     CollectingSink,
     StreamingSink,
     StreamRenderer,
-    _submitted,
+    submitted_jobs,
 )
-from llmsim.api.http import Headers
+from llmsim.api.http import Headers, ResponseStream
 from llmsim.api.sse import SSE_HEADERS
 from llmsim.engine.job import Job, JobSink
 
@@ -59,12 +59,12 @@ class EventStreamingSink(StreamingSink):
 
     def __init__(
         self,
-        response: object,
+        response: ResponseStream,
         renderer: EventStreamRenderer,
         job_count: int,
         resume: Callable[[Job], None],
     ) -> None:
-        super().__init__(response, renderer, job_count, resume)  # type: ignore[arg-type]
+        super().__init__(response, renderer, job_count, resume)
         self._event_renderer = renderer
 
     def fail(self, error: ApiError) -> None:
@@ -87,7 +87,7 @@ async def stream_job(
 
     sink = EventStreamingSink(call.response, renderer, 1, resume)
     job = make_job(sink)
-    with _submitted(ctx.engine, (job,), ctx.clock):
+    with submitted_jobs(ctx.engine, (job,), ctx.clock):
         call.response.start(200, (*SSE_HEADERS, *headers))
         head = renderer.head()
         if head:
@@ -101,6 +101,6 @@ async def collect_job(call: Call, make_job: Callable[[JobSink], Job]) -> Job:
     ctx = call.ctx
     sink = CollectingSink(1)
     job = make_job(sink)
-    with _submitted(ctx.engine, (job,), ctx.clock):
+    with submitted_jobs(ctx.engine, (job,), ctx.clock):
         await sink.done.wait()
     return job

@@ -38,6 +38,7 @@ __all__ = [
     "StreamingSink",
     "CollectingSink",
     "build_jobs",
+    "submitted_jobs",
     "generate_stream",
     "generate_all",
 ]
@@ -234,7 +235,7 @@ class StreamingSink:
 
 
 @contextmanager
-def _submitted(engine: Engine, jobs: Sequence[Job], clock: Callable[[], float]) -> Iterator[None]:
+def submitted_jobs(engine: Engine, jobs: Sequence[Job], clock: Callable[[], float]) -> Iterator[None]:
     """Submit every job, all or none: a full queue is a 429.  On exit, however it
     happens, every job that has not finished is cancelled (freeing its slot)."""
     try:
@@ -261,7 +262,7 @@ async def generate_stream(call: Call, plan: GenerationPlan, renderer: StreamRend
 
     sink = StreamingSink(call.response, renderer, plan.job_count, resume)
     jobs = build_jobs(ctx, plan, sink)
-    with _submitted(ctx.engine, jobs, ctx.clock):
+    with submitted_jobs(ctx.engine, jobs, ctx.clock):
         call.response.start(200, (*SSE_HEADERS, *headers))
         await sink.done.wait()
 
@@ -271,6 +272,6 @@ async def generate_all(call: Call, plan: GenerationPlan) -> list[Job]:
     ctx = call.ctx
     sink = CollectingSink(plan.job_count)
     jobs = build_jobs(ctx, plan, sink)
-    with _submitted(ctx.engine, jobs, ctx.clock):
+    with submitted_jobs(ctx.engine, jobs, ctx.clock):
         await sink.done.wait()
     return jobs

@@ -27,7 +27,7 @@ from llmsim.api.messages_request import (
 )
 from llmsim.api.prompts import check_context_length
 from llmsim.api.router import ErrorStyle, Router
-from llmsim.api.tool_support import choice_error, tool_options
+from llmsim.api.tool_support import planning_errors, tool_options
 from llmsim.api.turns import (
     cut_at_stop,
     make_job,
@@ -37,7 +37,6 @@ from llmsim.api.turns import (
     prompt_ids,
 )
 from llmsim.engine.job import Job, JobSink
-from llmsim.engine.tools import ToolChoiceError
 from llmsim.engine.tools import plan_tool_calls as plan_tool_calls_of
 
 __all__ = ["count_tokens", "create_message", "register"]
@@ -58,10 +57,8 @@ async def create_message(call: Call) -> None:
     planned = []
     if tools:
         specs = [tool.spec for tool in tools]
-        try:
+        with planning_errors():
             planned = plan_tool_calls_of(specs, choice.choice, ctx.rng_for(request_id, 1), options=tool_options(ctx.config))
-        except ToolChoiceError as exc:
-            raise choice_error(exc) from None
         if choice.single:
             planned = planned[:1]
     calls = [(call.name, f"toolu_{request_id}_{i}", call.arguments) for i, call in enumerate(planned)]

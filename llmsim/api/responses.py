@@ -39,7 +39,7 @@ from llmsim.api.responses_request import (
 from llmsim.api.responses_store import StoredResponse, not_found, store_of
 from llmsim.api.router import Router
 from llmsim.api.sse import json_bytes
-from llmsim.api.tool_support import choice_error, tool_options
+from llmsim.api.tool_support import planning_errors, tool_options
 from llmsim.api.turns import (
     TEXT,
     TurnPlan,
@@ -52,12 +52,11 @@ from llmsim.api.turns import (
     tool_call_text,
     tools_turn,
 )
-from llmsim.engine.job import JobSink
+from llmsim.engine.job import Job, JobSink
 from llmsim.engine.tokenizer import ChatTurn
 from llmsim.engine.tools import (
     NamedToolChoice,
     ToolChoice,
-    ToolChoiceError,
     arguments_json,
     plan_single_tool_call,
 )
@@ -105,12 +104,10 @@ async def create_response(call: Call) -> None:
     cap = output_cap(ctx, len(prompt), request.max_output_tokens)
     if calling:
         engine_choice: ToolChoice = NamedToolChoice(choice.forced.name) if choice.forced is not None else "required"
-        try:
+        with planning_errors():
             call_plan = plan_single_tool_call(
                 [tool.spec for tool in tools], engine_choice, ctx.rng_for(request_id, 1), options=tool_options(ctx.config)
             )
-        except ToolChoiceError as exc:
-            raise choice_error(exc) from None
         assert call_plan is not None  # tools present, choice not "none"
         plan = plan_tool_calls(ctx, [(call_plan.name, ids.call_id, call_plan.arguments)], cap)
     else:
@@ -141,7 +138,7 @@ async def create_response(call: Call) -> None:
         max_tool_calls=request.max_tool_calls,
     )
 
-    def job_for(sink: JobSink):  # type: ignore[no-untyped-def]
+    def job_for(sink: JobSink) -> Job:
         return make_job(plan, prompt, sink, request_id=request_id, cap=cap)
 
     if request.streaming:
@@ -180,7 +177,8 @@ def _plan_message(
     """The text of a message turn: random/echo text, or JSON for ``text.format``."""
     rng = ctx.rng_for(request_id)
     if format_type == "json_schema":
-        value = schema.generate(ctx.rng_for(request_id, 1), tool_options(ctx.config))
+        with planning_errors():
+            value = schema.generate(ctx.rng_for(request_id, 1), tool_options(ctx.config))
         return plan_fixed_text(ctx, arguments_json(value), cap)
     ignore_eos = bool(request.ignore_eos)
     if format_type == "json_object":

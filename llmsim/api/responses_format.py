@@ -24,7 +24,7 @@ is planned, before it is submitted.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 import orjson
@@ -239,7 +239,7 @@ class ResponsesStreamRenderer:
         plan: TurnPlan,
         ids: TurnIds,
         logprobs: TokenLogprobs | None,
-        clock: object,
+        clock: Callable[[], float],
     ) -> None:
         self._shell = shell
         self._plan = plan
@@ -292,7 +292,7 @@ class ResponsesStreamRenderer:
         return b"".join(events)
 
     def tail(self, jobs: Sequence[Job]) -> bytes:
-        now = int(self._clock())  # type: ignore[operator]
+        now = int(self._clock())
         self.final = final_response(self._shell, self._plan, self._ids, jobs[0], self._logprobs, now)
         return _event("response.completed", b'"response":' + json_bytes(self.final), self._next)
 

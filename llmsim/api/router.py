@@ -122,16 +122,18 @@ class Api:
         self.router = router
 
     async def handle(self, request: HttpRequest, response: ResponseStream) -> None:
-        style = ErrorStyle.OPENAI
         try:
             resolved = self.router.resolve(request.method, request.path)
-            style = resolved.error_style
+        except ApiError as error:  # 404 / 405: in the envelope of the path's family
+            self._send_error(response, error, self.router.error_style_for(request.path))
+            return
+        try:
             await resolved.handler(Call(self.ctx, request, response, resolved.params))
         except ApiError as error:
-            self._send_error(response, error, style)
+            self._send_error(response, error, resolved.error_style)
         except Exception:
             log.exception("unexpected error answering %s %s", request.method, request.path)
-            self._send_error(response, ApiError(500, "Internal server error"), style)
+            self._send_error(response, ApiError(500, "Internal server error"), resolved.error_style)
 
     @staticmethod
     def _send_error(response: ResponseStream, error: ApiError, style: str) -> None:

@@ -8,6 +8,9 @@ object validates against its schema.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import attrs
 
 from llmsim.api.errors import ApiError
@@ -21,7 +24,7 @@ from llmsim.engine.tools import (
     compile_schema,
 )
 
-__all__ = ["FunctionTool", "build_tool", "choice_error", "compile_parameters", "tool_options"]
+__all__ = ["FunctionTool", "build_tool", "choice_error", "compile_parameters", "planning_errors", "tool_options"]
 
 
 @attrs.frozen
@@ -64,9 +67,18 @@ def choice_error(exc: ToolChoiceError, param: str = "tool_choice") -> ApiError:
     return ApiError(400, str(exc), param=param)
 
 
+@contextmanager
+def planning_errors() -> Iterator[None]:
+    """Planning tool calls or schema output: a tool_choice that names no tool, or (rarely)
+    an accepted schema that turns out to admit no value, is the client's 400, never a 500."""
+    try:
+        yield
+    except ToolChoiceError as exc:
+        raise choice_error(exc) from None
+    except ToolSchemaError as exc:
+        raise ApiError(400, f"Cannot generate a value for this schema: {exc}", param=exc.path) from None
+
+
 def tool_options(config: Config) -> ToolCallOptions:
-    """The tool-call knobs of ``config`` (llm-d-inference-sim's flags; its defaults
-    for those the config does not carry yet)."""
-    names = attrs.fields_dict(ToolCallOptions)
-    given = {name: getattr(config, name) for name in names if hasattr(config, name)}
-    return ToolCallOptions(**given)
+    """The tool-call knobs of ``config`` (llm-d-inference-sim's flags, same names)."""
+    return ToolCallOptions(**{name: getattr(config, name) for name in attrs.fields_dict(ToolCallOptions)})

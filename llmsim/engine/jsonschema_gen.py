@@ -17,19 +17,23 @@ compiler does more than read keywords:
 - Recursive ``$ref`` needs an object or array between a definition and its reuse,
   and a finite instance; generation switches to the smallest choices after a
   reference has been entered a few times, so it always ends.
+- ``uniqueItems``: small explicit value sets are sampled without repeats; other items
+  are drawn until distinct, after a few repeats in "wide" mode (option windows
+  ignored); arrays whose items cannot supply enough distinct values are refused.
+- ``format`` is an annotation in 2020-12: known formats get realistic values when
+  their lengths fit minLength/maxLength, and ``pattern`` wins over ``format``.
 
 Generation knobs (:class:`ToolCallOptions`) are llm-d-inference-sim's, with its
-defaults; explicit schema bounds always win over them.
+defaults; explicit schema bounds always win over them.  Checking keyword values and
+merging raw schemas live in :mod:`llmsim.engine.schema_keywords`.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-import json
 import math
 import random
-import re
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from decimal import Decimal
@@ -37,8 +41,22 @@ from typing import Any
 from urllib.parse import unquote
 
 import attrs
+import orjson
 
 from llmsim.engine.regex_gen import PatternError, StringPattern, compile_pattern
+from llmsim.engine.schema_keywords import (
+    COMBINATORS,
+    KIND_KEYWORDS,
+    SUPPORTED,
+    TYPES,
+    ToolSchemaError,
+    all_of,
+    at,
+    json_key,
+    merge_parts,
+    normalize,
+    types_of,
+)
 
 __all__ = ["CompiledSchema", "ToolCallOptions", "ToolSchemaError", "compile_schema"]
 
@@ -47,6 +65,7 @@ MAX_MIN_ITEMS = 1_000  # largest minItems accepted
 MAX_MIN_SIZE = 100_000  # largest forced size (values, long strings count more)
 GENERATION_BUDGET = 20_000  # values generated before switching to the smallest choices
 MAX_RECURSION = 2  # times one $ref may be entered on a path before choices turn minimal
+MAX_NESTING = 64  # schemas nested deeper than this are refused
 _MERGE_DEPTH = 32  # nested allOf/$ref merges (deeper means a $ref cycle)
 _MAX_BRANCHES = 64  # branches after distributing several anyOf/oneOf of an allOf
 _PROOF_DEPTH = 16  # nesting explored when proving oneOf branches exclusive
@@ -63,49 +82,6 @@ WORDS = (
     "budget", "invoice", "customer", "ticket", "search", "example", "document", "server",
     "network", "kitchen", "library", "museum", "forest", "ocean", "bridge", "lantern",
 )  # fmt: skip
-
-TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
-_KIND_KEYWORDS = (
-    ("object", ("properties", "required", "additionalProperties")),
-    ("array", ("items", "prefixItems", "minItems", "maxItems", "uniqueItems")),
-    ("string", ("minLength", "maxLength", "pattern", "format")),
-    ("number", ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")),
-)
-_COMBINATORS = ("anyOf", "oneOf")
-_SUPPORTED = frozenset(
-    {"type", "enum", "const", "$ref", "allOf", *_COMBINATORS, *(k for _, kws in _KIND_KEYWORDS for k in kws)}
-)
-_UNSUPPORTED = {
-    "not": "llmsim cannot generate values that must avoid a schema",
-    "if": "conditional schemas are not supported",
-    "then": "conditional schemas are not supported",
-    "else": "conditional schemas are not supported",
-    "dependentRequired": "property dependencies are not supported",
-    "dependentSchemas": "property dependencies are not supported",
-    "dependencies": "property dependencies are not supported",
-    "patternProperties": "properties matched by name patterns are not supported; list them in properties",
-    "propertyNames": "constraints on property names are not supported",
-    "unevaluatedProperties": "use additionalProperties instead",
-    "unevaluatedItems": "use items with prefixItems instead",
-    "additionalItems": "is draft 2019 syntax; use items with prefixItems (draft 2020-12)",
-    "contains": "contains constraints are not supported",
-    "minContains": "contains constraints are not supported",
-    "maxContains": "contains constraints are not supported",
-    "minProperties": "property counts are not supported; use required",
-    "maxProperties": "property counts are not supported",
-    "$dynamicRef": "only local $ref to #/$defs or #/definitions is supported",
-    "$recursiveRef": "only local $ref to #/$defs or #/definitions is supported",
-}
-
-
-class ToolSchemaError(ValueError):
-    """A tool's parameters schema that llmsim cannot honour (the API answers 400)."""
-
-    def __init__(self, path: str, keyword: str, problem: str) -> None:
-        super().__init__(f"{path}: {keyword!r} {problem}")
-        self.path = path
-        self.keyword = keyword
-
 
 def _percent(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
     if not 0 <= value <= 100:
@@ -141,36 +117,9 @@ class ToolCallOptions:
 
 # --- paths and JSON values ------------------------------------------------------------
 
-_IDENTIFIER = re.compile(r"[A-Za-z_$][A-Za-z0-9_$-]*\Z")
-
-
-def _at(path: str, *segments: str | int) -> str:
-    for segment in segments:
-        if isinstance(segment, int):
-            path += f"[{segment}]"
-        elif _IDENTIFIER.match(segment):
-            path += f".{segment}"
-        else:
-            path += f"[{json.dumps(segment, ensure_ascii=False)}]"
-    return path
-
-
-def _key(value: object) -> object:
-    """A hashable identity with JSON equality: ``1 == 1.0``, ``true != 1``, key order ignored."""
-    if isinstance(value, bool) or value is None:
-        return ("literal", value)
-    if isinstance(value, (int, float)):
-        return ("number", value)
-    if isinstance(value, str):
-        return ("string", value)
-    if isinstance(value, list):
-        return ("array", tuple(_key(item) for item in value))
-    if isinstance(value, dict):
-        return ("object", frozenset((name, _key(item)) for name, item in value.items()))
-    raise TypeError(f"not a JSON value: {value!r}")
-
 
 def _kind_of(value: object) -> str:
+    """The JSON Schema type of a value; ``1.0`` is an integer, as validators count it."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -180,15 +129,13 @@ def _kind_of(value: object) -> str:
     return {float: "number", str: "string", list: "array", dict: "object"}.get(type(value), "unknown")
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 # --- generation context ---------------------------------------------------------------
 
 
 @attrs.define
 class _Context:
+    """State of one generation: the random source, the knobs, and the modes below."""
+
     rng: random.Random
     options: ToolCallOptions
     budget: int = GENERATION_BUDGET
@@ -274,6 +221,8 @@ class _Numbers:
         if self.multiple_of is None:
             return round(rng.uniform(lo, hi), 2)
         step = self.multiple_of
+        if not math.isfinite(hi / step) or not math.isfinite(lo / step):
+            return math.nan  # the caller falls back to the witness
         first = math.ceil(lo / step)
         return round(rng.randint(first, max(first, math.floor(hi / step))) * step, self.decimals)
 
@@ -291,6 +240,8 @@ def _is_multiple(value: int | float, step: int | float) -> bool:
 
 @attrs.frozen(eq=False)
 class _Strings:
+    """minLength/maxLength/pattern/format: pattern strings, format values, or words."""
+
     min_length: int
     max_length: int | None
     pattern: StringPattern | None
@@ -319,6 +270,8 @@ class _Strings:
 
 @attrs.frozen(eq=False)
 class _Arrays:
+    """items/prefixItems/minItems/maxItems/uniqueItems."""
+
     min_items: int
     max_items: int | None  # already lowered by items/prefixItems that forbid more
     unique: bool
@@ -336,7 +289,7 @@ class _Arrays:
             node = self.element(index)
             if node is None or not node.matches(item):
                 return False
-        return not self.unique or len({_key(item) for item in value}) == len(value)
+        return not self.unique or len({json_key(item) for item in value}) == len(value)
 
     def generate(self, ctx: _Context) -> list[Any]:
         if ctx.minimal:
@@ -359,19 +312,24 @@ class _Arrays:
         return node
 
     def _distinct(self, ctx: _Context, count: int) -> list[Any]:
-        """Draw until ``count`` distinct items; after a few repeats, draw in wide mode."""
+        """Draw until ``count`` distinct items; after a few repeats, draw in wide mode.
+
+        Wide draws are never minimal (the smallest choices repeat themselves); recursion
+        still ends, because entering a $ref past its cap turns minimal mode back on.
+        """
         out: list[Any] = []
         seen: set[object] = set()
-        wide, attempts = ctx.wide, _TRIES * (count + 1)
+        wide, minimal, attempts = ctx.wide, ctx.minimal, _TRIES * (count + 1)
         for attempt in range(attempts):
             if len(out) == count:
                 break
             ctx.wide = wide or attempt >= count + _TRIES
+            ctx.minimal = minimal and not ctx.wide
             item = self._node(len(out)).generate(ctx)
-            if _key(item) not in seen:
-                seen.add(_key(item))
+            if json_key(item) not in seen:
+                seen.add(json_key(item))
                 out.append(item)
-        ctx.wide = wide
+        ctx.wide, ctx.minimal = wide, minimal
         if len(out) < self.min_items:
             raise ToolSchemaError(self.path, "uniqueItems", f"could not be met: only {len(out)} distinct items of the "
                                   f"{self.min_items} required were generated; relax minItems or widen the items schema")
@@ -380,6 +338,8 @@ class _Arrays:
 
 @attrs.frozen(eq=False)
 class _Objects:
+    """properties/required/additionalProperties; only declared and required properties are generated."""
+
     properties: tuple[tuple[str, _Node | None], ...]  # None: the property must be absent
     required: tuple[str, ...]
     additional: _Node | None  # None: additionalProperties false
@@ -437,7 +397,7 @@ class _Simple:
         kind = _kind_of(value)
         if not self.allows(kind):
             return False
-        if self.values is not None and _key(value) not in {_key(v) for v in self.values}:
+        if self.values is not None and json_key(value) not in {json_key(v) for v in self.values}:
             return False
         if kind in ("integer", "number"):
             return self.numbers is None or self.numbers.matches(value)  # type: ignore[arg-type]
@@ -446,7 +406,7 @@ class _Simple:
 
     def generate(self, ctx: _Context) -> object:
         ctx.budget -= 1
-        if ctx.budget <= 0:
+        if ctx.budget <= 0 and not ctx.wide:
             ctx.minimal = True
         if self.values is not None:
             return ctx.rng.choice(self.values)
@@ -520,7 +480,7 @@ class _Ref:
             return self.resolved().generate(ctx)
         finally:
             ctx.entered[self.key] = entered
-            ctx.minimal = minimal or ctx.budget <= 0
+            ctx.minimal = minimal or (ctx.budget <= 0 and not ctx.wide)
 
 
 _Node = _Simple | _Union | _Ref
@@ -593,7 +553,7 @@ def _domain(node: _Node | None, depth: int = 0) -> Sequence[Any] | None:
         return parts[0]
     if sum(len(part) for part in parts) > _DOMAIN_LIMIT:  # type: ignore[arg-type]
         return None
-    return tuple({_key(v): v for part in parts for v in part}.values())  # type: ignore[union-attr]
+    return tuple({json_key(v): v for part in parts for v in part}.values())  # type: ignore[union-attr]
 
 
 def _kind_domain(node: _Simple, kind: str) -> Sequence[Any] | None:
@@ -811,26 +771,34 @@ def compile_schema(schema: object, *, path: str) -> CompiledSchema:
     Clients send the same tools with every request, so compiled schemas are cached by
     their JSON text (key order kept: it orders the generated arguments).
     """
-    return _compile_text(json.dumps(schema, ensure_ascii=False), path)
+    try:
+        text = orjson.dumps(schema)
+    except orjson.JSONEncodeError as exc:
+        raise ToolSchemaError(path, "type", f"is not a JSON document llmsim can read: {exc}") from None
+    return _compile_text(text, path)
 
 
 @functools.lru_cache(maxsize=512)
-def _compile_text(text: str, path: str) -> CompiledSchema:
-    schema = json.loads(text)
+def _compile_text(text: bytes, path: str) -> CompiledSchema:
+    schema = orjson.loads(text)
     return _Compiler(_EMPTY_OBJECT if schema is None else schema, path).compile_root()
 
 
 class _Compiler:
+    """One schema document compiled to nodes; $ref targets are compiled once and shared."""
+
     def __init__(self, document: object, path: str) -> None:
         self.document = document
         self.path = path
         self.refs: dict[str, _Ref] = {}
         self.pending: dict[str, int] = {}  # $ref being compiled -> structure depth at its start
         self.structure = 0  # object/array nesting of the schema being compiled
+        self.nesting = 0  # schemas being compiled, one inside the other
         self.one_ofs: list[tuple[_Union, str]] = []
         self.unique_arrays: list[_Arrays] = []
 
     def compile_root(self) -> CompiledSchema:
+        """Compile, then run the checks that need the whole graph (refs resolved)."""
         root = self.compile(self.document, self.path, root=True)
         self._solve_costs()
         for union, path in self.one_ofs:
@@ -847,6 +815,16 @@ class _Compiler:
     # --- dispatch ---------------------------------------------------------------------
 
     def compile(self, schema: object, path: str, *, root: bool = False) -> _Node:
+        self.nesting += 1
+        try:
+            if self.nesting > MAX_NESTING:
+                raise ToolSchemaError(path, "properties", f"and items nest deeper than {MAX_NESTING} levels; "
+                                      "llmsim refuses deeper schemas")
+            return self._compile(schema, path, root=root)
+        finally:
+            self.nesting -= 1
+
+    def _compile(self, schema: object, path: str, *, root: bool) -> _Node:
         if schema is True:
             schema = {}
         if schema == {} and not root:
@@ -855,20 +833,20 @@ class _Compiler:
             raise ToolSchemaError(path, "false", "schema accepts no value, so no arguments can be generated")
         if not isinstance(schema, dict):
             raise ToolSchemaError(path, "type", f"a schema must be a JSON object or boolean, got {schema!r}")
-        schema = _normalize(schema, path)
-        constraints = _SUPPORTED.intersection(schema)
+        schema = normalize(schema, path)
+        constraints = SUPPORTED.intersection(schema)
         if "$ref" in schema and constraints == {"$ref"}:
             return self.ref(schema["$ref"], path)
-        combinators = [k for k in _COMBINATORS if k in schema]
+        combinators = [k for k in COMBINATORS if k in schema]
         siblings = constraints - set(combinators)
         if "$ref" in schema or "allOf" in schema or (combinators and siblings) or len(combinators) > 1:
             return self.compile(self.merge([(schema, path)], path), path, root=root)
         if combinators:
-            return self.union(schema[combinators[0]], combinators[0] == "oneOf", _at(path, combinators[0]))
+            return self.union(schema[combinators[0]], combinators[0] == "oneOf", at(path, combinators[0]))
         return self.simple(schema, path, root=root)
 
     def union(self, branches: list[object], exclusive: bool, path: str) -> _Node:
-        nodes = [self.compile(b, _at(path, i)) for i, b in enumerate(branches) if b is not False]
+        nodes = [self.compile(b, at(path, i)) for i, b in enumerate(branches) if b is not False]
         if not nodes:
             raise ToolSchemaError(path, "oneOf" if exclusive else "anyOf", "has only false branches: no value is valid")
         if len(nodes) == 1:
@@ -901,9 +879,9 @@ class _Compiler:
         for raw in reference[2:].split("/") if len(reference) > 1 else ():
             segment = unquote(raw).replace("~1", "/").replace("~0", "~")
             if isinstance(target, dict) and segment in target:
-                target, target_path = target[segment], _at(target_path, segment)
+                target, target_path = target[segment], at(target_path, segment)
             elif isinstance(target, list) and segment.isdigit() and int(segment) < len(target):
-                target, target_path = target[int(segment)], _at(target_path, int(segment))
+                target, target_path = target[int(segment)], at(target_path, int(segment))
             else:
                 raise ToolSchemaError(path, "$ref", f"{reference!r} points to nothing in the schema")
         return target, target_path
@@ -912,8 +890,8 @@ class _Compiler:
 
     def merge(self, parts: list[tuple[object, str]], path: str) -> dict[str, Any]:
         flat = list(self.flatten(parts, path, 0))
-        combos = [(k, part[k], at) for part, at in flat for k in _COMBINATORS if k in part]
-        merged = _merge_plain([({k: v for k, v in p.items() if k not in _COMBINATORS}, at) for p, at in flat], path)
+        combos = [(k, part[k], where) for part, where in flat for k in COMBINATORS if k in part]
+        merged = merge_parts([({k: v for k, v in p.items() if k not in COMBINATORS}, where) for p, where in flat], path)
         if not combos:
             return merged
         kinds = {kind for kind, _, _ in combos}
@@ -924,7 +902,7 @@ class _Compiler:
         if math.prod(len(b) for b in lists) > _MAX_BRANCHES:
             raise ToolSchemaError(path, combos[0][0], f"combined in allOf yields more than {_MAX_BRANCHES} branches")
         kind = kinds.pop()
-        return {kind: [_all_of([*choice, merged]) for choice in itertools.product(*lists)]}
+        return {kind: [all_of([*choice, merged]) for choice in itertools.product(*lists)]}
 
     def flatten(self, parts: Sequence[tuple[object, str]], path: str, depth: int
                 ) -> Iterator[tuple[dict[str, Any], str]]:
@@ -932,28 +910,28 @@ class _Compiler:
         if depth > _MERGE_DEPTH:
             raise ToolSchemaError(path, "$ref", f"allOf/$ref nesting is deeper than {_MERGE_DEPTH}: a circular "
                                   "reference through allOf or $ref siblings?")
-        for part, at in parts:
+        for part, where in parts:
             if part is True:
                 continue
             if part is False:
-                raise ToolSchemaError(at, "allOf", "includes a false schema: no value is valid")
+                raise ToolSchemaError(where, "allOf", "includes a false schema: no value is valid")
             if not isinstance(part, dict):
-                raise ToolSchemaError(at, "type", f"a schema must be a JSON object or boolean, got {part!r}")
-            part = _normalize(part, at)
+                raise ToolSchemaError(where, "type", f"a schema must be a JSON object or boolean, got {part!r}")
+            part = normalize(part, where)
             inner: list[tuple[object, str]] = []
             if "$ref" in part:
-                inner.append(self.resolve(part["$ref"], at))
-            inner += [(sub, _at(at, "allOf", i)) for i, sub in enumerate(part.get("allOf", ()))]
+                inner.append(self.resolve(part["$ref"], where))
+            inner += [(sub, at(where, "allOf", i)) for i, sub in enumerate(part.get("allOf", ()))]
             rest = {k: v for k, v in part.items() if k not in ("$ref", "allOf")}
             if inner:
-                yield from self.flatten([(rest, at), *inner], path, depth + 1)
+                yield from self.flatten([(rest, where), *inner], path, depth + 1)
             else:
-                yield rest, at
+                yield rest, where
 
     # --- one schema object ----------------------------------------------------------------
 
     def simple(self, schema: dict[str, Any], path: str, *, root: bool = False) -> _Simple:
-        kinds = _types(schema)
+        kinds = types_of(schema)
         if root:
             if "object" not in kinds:
                 raise ToolSchemaError(path, "type", "must be 'object': tool arguments are a JSON object")
@@ -972,12 +950,12 @@ class _Compiler:
         keyword = "const" if "const" in schema else "enum"
         candidates = [schema["const"]] if "const" in schema else schema["enum"]
         if "const" in schema and "enum" in schema:
-            candidates = [v for v in schema["enum"] if _key(v) == _key(schema["const"])]
+            candidates = [v for v in schema["enum"] if json_key(v) == json_key(schema["const"])]
         values = tuple(v for v in candidates if node.matches(v))
         if not values:
-            raise ToolSchemaError(_at(path, keyword), keyword, "has no value that satisfies the other keywords "
+            raise ToolSchemaError(at(path, keyword), keyword, "has no value that satisfies the other keywords "
                                   "of its schema (type, bounds, pattern...)")
-        return attrs.evolve(node, values=tuple({_key(v): v for v in values}.values()))
+        return attrs.evolve(node, values=tuple({json_key(v): v for v in values}.values()))
 
     def numbers(self, schema: dict[str, Any], path: str, kinds: frozenset[str], generate_kinds: tuple[str, ...]
                 ) -> _Numbers:
@@ -987,7 +965,7 @@ class _Compiler:
         if isinstance(step, float) and step.is_integer():
             step = int(step)
         if isinstance(step, float) and "number" not in kinds:
-            raise ToolSchemaError(_at(path, "multipleOf"), "multipleOf", f"is {step}: integers need an integer "
+            raise ToolSchemaError(at(path, "multipleOf"), "multipleOf", f"is {step}: integers need an integer "
                                   "multipleOf")
         spec = _Numbers(low, low_exclusive, high, high_exclusive, step, _decimals(step), None, None)
         integer = _integer_witness(spec)
@@ -1001,19 +979,19 @@ class _Compiler:
     def strings(self, schema: dict[str, Any], path: str) -> _Strings:
         low, high = schema.get("minLength", 0), schema.get("maxLength")
         if low > MAX_MIN_LENGTH:
-            raise ToolSchemaError(_at(path, "minLength"), "minLength", f"is {low}; llmsim generates strings of at "
+            raise ToolSchemaError(at(path, "minLength"), "minLength", f"is {low}; llmsim generates strings of at "
                                   f"most {MAX_MIN_LENGTH} characters")
         if high is not None and low > high:
-            raise ToolSchemaError(_at(path, "minLength"), "minLength", f"({low}) exceeds maxLength ({high})")
+            raise ToolSchemaError(at(path, "minLength"), "minLength", f"({low}) exceeds maxLength ({high})")
         pattern, lengths = None, ()
         if "pattern" in schema:
             try:
                 pattern = compile_pattern(schema["pattern"])
             except PatternError as exc:
-                raise ToolSchemaError(_at(path, "pattern"), "pattern", str(exc)) from None
+                raise ToolSchemaError(at(path, "pattern"), "pattern", str(exc)) from None
             lengths = pattern.lengths(low, high)
             if not lengths:
-                raise ToolSchemaError(_at(path, "pattern"), "pattern", f"cannot produce a string of "
+                raise ToolSchemaError(at(path, "pattern"), "pattern", f"cannot produce a string of "
                                       f"{low}..{'' if high is None else high} characters (minLength/maxLength)")
         generator, shortest, longest, variety = _FORMATS.get(schema.get("format", ""), (None, 0, 0, 0))
         if generator is None or low > shortest or (high is not None and longest > high):
@@ -1026,19 +1004,19 @@ class _Compiler:
         self.structure += 1
         prefix_schemas = schema.get("prefixItems", [])
         cut = next((i for i, s in enumerate(prefix_schemas) if s is False), len(prefix_schemas))
-        prefix = tuple(self.compile(s, _at(path, "prefixItems", i)) for i, s in enumerate(prefix_schemas[:cut]))
+        prefix = tuple(self.compile(s, at(path, "prefixItems", i)) for i, s in enumerate(prefix_schemas[:cut]))
         items_schema = schema.get("items", True)
         closed = items_schema is False or cut < len(prefix_schemas)
-        items = None if closed else self.compile(items_schema, _at(path, "items"))
+        items = None if closed else self.compile(items_schema, at(path, "items"))
         self.structure -= 1
         low, high = schema.get("minItems", 0), schema.get("maxItems")
         if items is None:
             high = len(prefix) if high is None else min(high, len(prefix))
         if low > MAX_MIN_ITEMS:
-            raise ToolSchemaError(_at(path, "minItems"), "minItems", f"is {low}; llmsim generates at most "
+            raise ToolSchemaError(at(path, "minItems"), "minItems", f"is {low}; llmsim generates at most "
                                   f"{MAX_MIN_ITEMS} items")
         if high is not None and low > high:
-            raise ToolSchemaError(_at(path, "minItems"), "minItems", f"({low}) exceeds the most items allowed "
+            raise ToolSchemaError(at(path, "minItems"), "minItems", f"({low}) exceeds the most items allowed "
                                   f"({high}, from maxItems, items or prefixItems)")
         spec = _Arrays(low, high, bool(schema.get("uniqueItems", False)), prefix, items, path)
         if spec.unique:
@@ -1048,17 +1026,17 @@ class _Compiler:
     def objects(self, schema: dict[str, Any], path: str) -> _Objects:
         self.structure += 1
         properties = tuple(
-            (name, None if sub is False else self.compile(sub, _at(path, "properties", name)))
+            (name, None if sub is False else self.compile(sub, at(path, "properties", name)))
             for name, sub in schema.get("properties", {}).items()
         )
         extra = schema.get("additionalProperties", True)
-        additional = None if extra is False else self.compile(extra, _at(path, "additionalProperties"))
+        additional = None if extra is False else self.compile(extra, at(path, "additionalProperties"))
         self.structure -= 1
         required = tuple(dict.fromkeys(schema.get("required", ())))
         spec = _Objects(properties, required, additional)
         for name in required:
             if spec.governing(name) is None:
-                raise ToolSchemaError(_at(path, "required"), "required", f"lists {name!r}, which its schema forbids "
+                raise ToolSchemaError(at(path, "required"), "required", f"lists {name!r}, which its schema forbids "
                                       "(false in properties, or undeclared with additionalProperties false)")
         return spec
 
@@ -1085,7 +1063,7 @@ def _check_objects(node: _Node, path: str) -> None:
     node = _deref(node)
     if isinstance(node, _Union):
         for i, branch in enumerate(node.branches):
-            _check_objects(branch, _at(path, "oneOf" if node.exclusive else "anyOf", i))
+            _check_objects(branch, at(path, "oneOf" if node.exclusive else "anyOf", i))
     elif isinstance(node, _Simple) and node.values is not None:
         if not all(isinstance(v, dict) for v in node.values):
             raise ToolSchemaError(path, "enum", "must list only objects: tool arguments are a JSON object")
@@ -1098,16 +1076,17 @@ def _check_unique(spec: _Arrays) -> None:
     domain = _domain(spec.items) if not spec.prefix else None
     if domain is not None:
         if len(domain) < spec.min_items:
-            raise ToolSchemaError(_at(spec.path, "uniqueItems"), "uniqueItems", f"needs {spec.min_items} distinct "
+            raise ToolSchemaError(at(spec.path, "uniqueItems"), "uniqueItems", f"needs {spec.min_items} distinct "
                                   f"items but llmsim can generate only {len(domain)} different values for them")
         return
     needs = [(spec.prefix[i], i + 1) for i in range(min(spec.min_items, len(spec.prefix)))]
     if spec.min_items > len(spec.prefix) and spec.items is not None:
         needs.append((spec.items, spec.min_items))
     for node, count in needs:
-        available = _capacity(node)
-        if available < 2 * count:  # random draws need head-room to find distinct values
-            raise ToolSchemaError(_at(spec.path, "uniqueItems"), "uniqueItems", f"needs {spec.min_items} distinct "
+        exact = _domain(node)
+        available = len(exact) if exact is not None else _capacity(node)
+        if count > 1 and available < (count if exact is not None else 2 * count):  # random draws need head-room
+            raise ToolSchemaError(at(spec.path, "uniqueItems"), "uniqueItems", f"needs {spec.min_items} distinct "
                                   f"items but llmsim can generate only about {available} different values for them; "
                                   "lower minItems or widen the items schema")
 
@@ -1123,118 +1102,14 @@ def _check_exclusive(union: _Union, path: str) -> None:
 # --- keyword checks -----------------------------------------------------------------------
 
 
-def _normalize(schema: dict[str, Any], path: str) -> dict[str, Any]:
-    """Check every keyword's value; make counts ints and draft-4 boolean exclusive bounds numbers."""
-    for keyword, value in schema.items():
-        if keyword in _UNSUPPORTED:
-            raise ToolSchemaError(_at(path, keyword), keyword, f"is not supported: {_UNSUPPORTED[keyword]}")
-        problem = _CHECKS[keyword](value) if keyword in _CHECKS else None
-        if problem is not None:
-            raise ToolSchemaError(_at(path, keyword), keyword, problem)
-    out = dict(schema)
-    for keyword in ("minLength", "maxLength", "minItems", "maxItems"):
-        if keyword in out:
-            out[keyword] = int(out[keyword])
-    for exclusive, inclusive in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
-        if isinstance(out.get(exclusive), bool):
-            if out.pop(exclusive) and inclusive in out:
-                out[exclusive] = out.pop(inclusive)
-    return out
-
-
-def _expect(valid: bool, expected: str, value: object) -> str | None:
-    """None when ``valid``, else the problem: what the keyword needs and what it got."""
-    return None if valid else f"must be {expected}, got {json.dumps(value, ensure_ascii=False)[:80]}"
-
-
-def _check_type(value: object) -> str | None:
-    names = value if isinstance(value, list) else [value]
-    valid = bool(names) and all(name in TYPES for name in names) and len(set(map(str, names))) == len(names)
-    return _expect(valid, f"one of {', '.join(TYPES)} or a list of distinct ones", value)
-
-
-def _check_schema(value: object) -> str | None:
-    if isinstance(value, list):
-        return "as a list is draft-07 tuple syntax; use prefixItems (draft 2020-12)"
-    return _expect(isinstance(value, (dict, bool)), "a schema (an object or a boolean)", value)
-
-
-def _check_count(value: object) -> str | None:
-    valid = _is_number(value) and value >= 0 and float(value).is_integer()  # type: ignore[operator, arg-type]
-    return _expect(valid, "a non-negative integer", value)
-
-
-def _check_number(value: object) -> str | None:
-    return _expect(_is_number(value) and math.isfinite(value), "a number", value)  # type: ignore[arg-type]
-
-
-def _check_multiple_of(value: object) -> str | None:
-    valid = _is_number(value) and math.isfinite(value) and value > 0  # type: ignore[arg-type, operator]
-    return _expect(valid, "a number greater than 0", value)
-
-
-def _list_of(kind: type | tuple[type, ...], expected: str, *, non_empty: bool = False
-             ) -> Callable[[object], str | None]:
-    def check(value: object) -> str | None:
-        valid = isinstance(value, list) and all(isinstance(item, kind) for item in value)
-        return _expect(valid and (bool(value) or not non_empty), expected, value)
-
-    return check
-
-
-def _check_schema_map(value: object) -> str | None:
-    valid = isinstance(value, dict) and all(isinstance(item, (dict, bool)) for item in value.values())
-    return _expect(valid, "an object whose values are schemas", value)
-
-
-def _instance_of(kind: type, expected: str) -> Callable[[object], str | None]:
-    return lambda value: _expect(isinstance(value, kind), expected, value)
-
-
-def _check_exclusive_bound(value: object) -> str | None:
-    return None if isinstance(value, bool) else _check_number(value)  # a bool is draft 4's form
-
-
-_SCHEMA_LIST = _list_of((dict, bool), "a non-empty list of schemas", non_empty=True)
-_CHECKS: dict[str, Callable[[object], str | None]] = {
-    "type": _check_type,
-    "enum": _list_of(object, "a non-empty list", non_empty=True),
-    "properties": _check_schema_map,
-    "required": _list_of(str, "a list of property names"),
-    "additionalProperties": _check_schema,
-    "items": _check_schema,
-    "prefixItems": _SCHEMA_LIST,
-    "anyOf": _SCHEMA_LIST,
-    "oneOf": _SCHEMA_LIST,
-    "allOf": _SCHEMA_LIST,
-    "minItems": _check_count,
-    "maxItems": _check_count,
-    "minLength": _check_count,
-    "maxLength": _check_count,
-    "minimum": _check_number,
-    "maximum": _check_number,
-    "exclusiveMinimum": _check_exclusive_bound,
-    "exclusiveMaximum": _check_exclusive_bound,
-    "multipleOf": _check_multiple_of,
-    "uniqueItems": _instance_of(bool, "true or false"),
-    "pattern": _instance_of(str, "a regular expression string"),
-    "format": _instance_of(str, "a string"),
-    "$ref": _instance_of(str, "a string"),
-}
-
-
-def _types(schema: Mapping[str, Any]) -> frozenset[str]:
-    value = schema.get("type", list(TYPES))
-    return frozenset(value if isinstance(value, list) else [value])
-
-
 def _generate_kinds(schema: Mapping[str, Any], kinds: frozenset[str]) -> tuple[str, ...]:
+    """The types to generate: the listed ones (null only if alone), else the one its keywords imply."""
     if "type" in schema:
         listed = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
         return tuple(k for k in listed if k != "null" and k in kinds) or ("null",)
     if kinds == {"object"}:
         return ("object",)
-    return next(((kind,) for kind, keywords in _KIND_KEYWORDS if any(k in schema for k in keywords)), ("string",))
+    return next(((kind,) for kind, keywords in KIND_KEYWORDS if any(k in schema for k in keywords)), ("string",))
 
 
 def _bound(schema: Mapping[str, Any], inclusive: str, exclusive: str, stricter: Callable[..., Any]
@@ -1262,6 +1137,8 @@ def _integer_witness(spec: _Numbers) -> int | None:
 def _number_witness(spec: _Numbers) -> int | float | None:
     """A valid number, or None: points of the interval, or multiples scanned around its start."""
     anchor = _fit((0, 0), spec.low, spec.high)[0]
+    if spec.multiple_of is not None and not math.isfinite(anchor / spec.multiple_of):
+        return None
     if spec.multiple_of is None:
         candidates = [anchor]
         if spec.low is not None and spec.high is not None:
@@ -1281,93 +1158,3 @@ def _decimals(step: int | float | None) -> int:
     if not isinstance(step, float):
         return 0
     return max(0, -int(Decimal(repr(step)).as_tuple().exponent))
-
-
-def _merge_plain(parts: list[tuple[dict[str, Any], str]], path: str) -> dict[str, Any]:
-    """One schema equivalent to all ``parts`` at once (no $ref/allOf/anyOf/oneOf inside)."""
-    schemas = [p for p, _ in parts]
-    out: dict[str, Any] = {}
-
-    def present(keyword: str) -> list[Any]:
-        return [s[keyword] for s in schemas if keyword in s]
-
-    if present("type"):
-        types = frozenset(TYPES)
-        for value in present("type"):
-            listed = set(value if isinstance(value, list) else [value])
-            types &= listed | ({"integer"} if "number" in listed else set())
-        if not types:
-            raise ToolSchemaError(path, "allOf", "requires types that no value has at once: "
-                                  + " and ".join(json.dumps(v) for v in present("type")))
-        out["type"] = [t for t in TYPES if t in types and not (t == "integer" and "number" in types)]
-    values = [[s["const"]] for s in schemas if "const" in s] + present("enum")
-    if values:
-        keys = set.intersection(*({_key(v) for v in vs} for vs in values))
-        out["enum"] = [v for v in values[0] if _key(v) in keys]
-        if not out["enum"]:
-            raise ToolSchemaError(path, "allOf", "combines enum/const values that have no value in common")
-    for keyword in ("minimum", "exclusiveMinimum", "minLength", "minItems"):
-        if present(keyword):
-            out[keyword] = max(present(keyword))
-    for keyword in ("maximum", "exclusiveMaximum", "maxLength", "maxItems"):
-        if present(keyword):
-            out[keyword] = min(present(keyword))
-    _merge_equal(out, present, path)
-    if any(present("uniqueItems")):
-        out["uniqueItems"] = True
-    if present("required"):
-        out["required"] = list(dict.fromkeys(name for names in present("required") for name in names))
-    _merge_objects(out, schemas)
-    _merge_arrays(out, schemas)
-    return out
-
-
-def _merge_equal(out: dict[str, Any], present: Callable[[str], list[Any]], path: str) -> None:
-    steps = present("multipleOf")
-    if steps and all(float(s).is_integer() for s in steps):
-        out["multipleOf"] = math.lcm(*(int(s) for s in steps))
-    elif steps:
-        if len(set(steps)) > 1:
-            raise ToolSchemaError(path, "multipleOf", "values in allOf differ and are not all integers")
-        out["multipleOf"] = steps[0]
-    if present("pattern"):
-        if len(set(present("pattern"))) > 1:
-            raise ToolSchemaError(path, "pattern", "values in allOf differ; llmsim generates strings for one pattern")
-        out["pattern"] = present("pattern")[0]
-    if present("format"):
-        out["format"] = present("format")[0]  # an annotation: keeping one loses no validity
-
-
-def _all_of(schemas: list[object]) -> object:
-    kept = [s for s in schemas if s is not True and s != {}]
-    if any(s is False for s in kept):
-        return False
-    return True if not kept else kept[0] if len(kept) == 1 else {"allOf": kept}
-
-
-def _merge_objects(out: dict[str, Any], schemas: list[dict[str, Any]]) -> None:
-    """Each part governs a property by its declaration or its additionalProperties."""
-    if not any("properties" in s or "additionalProperties" in s for s in schemas):
-        return
-    names = dict.fromkeys(name for s in schemas for name in s.get("properties", {}))
-    out["properties"] = {
-        name: _all_of([s["properties"][name] if name in s.get("properties", {}) else s.get("additionalProperties", True)
-                       for s in schemas])
-        for name in names
-    }
-    if any("additionalProperties" in s for s in schemas):
-        out["additionalProperties"] = _all_of([s.get("additionalProperties", True) for s in schemas])
-
-
-def _merge_arrays(out: dict[str, Any], schemas: list[dict[str, Any]]) -> None:
-    """Position i obeys each part's prefixItems[i], or that part's items beyond its prefix."""
-    length = max((len(s.get("prefixItems", ())) for s in schemas), default=0)
-
-    def at(s: dict[str, Any], i: int) -> object:
-        prefix = s.get("prefixItems", ())
-        return prefix[i] if i < len(prefix) else s.get("items", True)
-
-    if length:
-        out["prefixItems"] = [_all_of([at(s, i) for s in schemas]) for i in range(length)]
-    if any("items" in s for s in schemas):
-        out["items"] = _all_of([s.get("items", True) for s in schemas])

@@ -1,7 +1,8 @@
 """Strings that match a regular expression: the ``pattern`` keyword of tool schemas.
 
 A pattern is parsed into a small tree (one-character sets, sequences, alternatives,
-bounded repeats) and every node knows how many strings of each length it can produce.
+repeats) and every node knows how many strings of each length it can produce, up to
+``MAX_PATTERN_LENGTH``.
 Generation first picks a length the string constraints allow, then walks the tree
 choosing branches and repeat counts in proportion to those counts, so every choice
 can still reach the target length and the result is never a near miss.
@@ -26,7 +27,7 @@ import attrs
 
 __all__ = ["MAX_PATTERN_LENGTH", "PatternError", "StringPattern", "compile_pattern"]
 
-MAX_PATTERN_LENGTH = 256  # longest string a pattern is asked to produce
+MAX_PATTERN_LENGTH = 128  # longest string a pattern is asked to produce
 _COUNT_CAP = 1 << 62  # counts are only used as weights: cap them to keep arithmetic cheap
 _WORK_LIMIT = 250_000  # length-table multiplications allowed per pattern
 _REALISTIC_EXTRA = 12  # prefer lengths within this many characters of the shortest allowed
@@ -37,6 +38,10 @@ _CONTROLS = "\t\n\r\x0b\x0c"
 _DOT_ALPHABET = string.ascii_letters + string.digits
 _GROUP_FLAGS = {"i": re.IGNORECASE, "m": re.MULTILINE, "s": re.DOTALL, "a": re.ASCII, "u": re.UNICODE}
 _SIMPLE_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "a": "\a"}
+_BRACES = re.compile(r"\{(\d*)(?:(,)(\d*))?\}")
+_INLINE_FLAGS = re.compile(r"\?([a-zA-Z]*)(?:-([a-zA-Z]*))?([:)])")
+_OCTAL = re.compile(r"[0-7]{0,2}")
+_NAMED_CHARACTERS = re.compile(r"\\(?:x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8}))|([^\x00-\x7f])")
 
 Counts = dict[int, int]  # string length -> number of strings of that length (capped)
 
@@ -80,26 +85,39 @@ class _Alt:
     counts: Counts
 
     def generate(self, rng: random.Random, length: int, out: list[str]) -> None:
-        weights = [option.counts.get(length, 0) for option in self.options]
-        rng.choices(self.options, weights)[0].generate(rng, length, out)
+        options = [option for option in self.options if length in option.counts]
+        chosen = rng.choices(options, [option.counts[length] for option in options])[0]
+        chosen.generate(rng, length, out)
 
 
 @attrs.frozen
 class _Repeat:
-    """``item`` between ``low`` and ``len(powers) - 1`` times; ``powers[k]`` counts k copies."""
+    """``item`` repeated: ``len(exact) - 1`` copies, then optional ones.
+
+    ``exact[j]`` counts j mandatory copies; ``optional[j]`` counts up to j optional
+    copies, or any number when ``unbounded`` (then it holds one table).  Optional copies
+    are never empty: an empty copy adds no characters, so it adds no new string.
+    """
 
     item: _Node
-    low: int
-    powers: tuple[Counts, ...]
+    pieces: Counts  # the item's non-empty lengths
+    exact: tuple[Counts, ...]
+    optional: tuple[Counts, ...]
+    unbounded: bool
     counts: Counts
 
     def generate(self, rng: random.Random, length: int, out: list[str]) -> None:
-        times = range(self.low, len(self.powers))
-        k = rng.choices(times, [self.powers[t].get(length, 0) for t in times])[0]
-        for remaining in range(k - 1, -1, -1):
-            part = _split(rng, self.item.counts, self.powers[remaining], length)
+        mandatory = _split(rng, self.exact[-1], self.optional[-1], length)
+        rest, left = length - mandatory, len(self.optional) - 1
+        for copies in range(len(self.exact) - 2, -1, -1):
+            part = _split(rng, self.item.counts, self.exact[copies], mandatory)
             self.item.generate(rng, part, out)
-            length -= part
+            mandatory -= part
+        while rest > 0:
+            left -= 1
+            part = _split(rng, self.pieces, self.optional[0 if self.unbounded else left], rest)
+            self.item.generate(rng, part, out)
+            rest -= part
 
 
 @attrs.frozen
@@ -127,15 +145,19 @@ def _split(rng: random.Random, head: Counts, tail: Counts, length: int) -> int:
 
 
 class _Budget:
-    """Bounds the work spent multiplying length tables, so a hostile pattern fails fast."""
+    """Bounds the work spent on length tables, so a hostile pattern fails fast."""
 
     def __init__(self) -> None:
         self.left = _WORK_LIMIT
 
-    def product(self, a: Counts, b: Counts) -> Counts:
-        self.left -= len(a) * len(b)
+    def spend(self, work: int) -> None:
+        self.left -= work
         if self.left < 0:
             raise PatternError("is too complex to generate strings from; simplify its nested repetitions")
+
+    def product(self, a: Counts, b: Counts) -> Counts:
+        """Counts of a string from ``a`` followed by one from ``b``."""
+        self.spend(len(a) * len(b))
         out: Counts = {}
         for la, ca in a.items():
             for lb, cb in b.items():
@@ -143,6 +165,14 @@ class _Budget:
                 if n <= MAX_PATTERN_LENGTH:
                     out[n] = min(_COUNT_CAP, out.get(n, 0) + ca * cb)
         return out
+
+    def star(self, pieces: Counts) -> Counts:
+        """Counts of any number of non-empty pieces in a row."""
+        self.spend(MAX_PATTERN_LENGTH * len(pieces))
+        table = [1] + [0] * MAX_PATTERN_LENGTH
+        for n in range(1, MAX_PATTERN_LENGTH + 1):
+            table[n] = min(_COUNT_CAP, sum(c * table[n - m] for m, c in pieces.items() if m <= n))
+        return {n: c for n, c in enumerate(table) if c}
 
 
 def _union(tables: Sequence[Counts]) -> Counts:
@@ -170,15 +200,22 @@ def _alt(options: Sequence[_Node]) -> _Node:
 
 
 def _repeat(item: _Node, low: int, high: int | None, budget: _Budget) -> _Node:
-    shortest = min(item.counts, default=0)
-    if shortest * low > MAX_PATTERN_LENGTH:
-        raise PatternError(f"needs strings longer than {MAX_PATTERN_LENGTH} characters")
-    limit = MAX_PATTERN_LENGTH // max(shortest, 1) if high is None else high
-    limit = max(low, min(limit, low + MAX_PATTERN_LENGTH))
-    powers: list[Counts] = [{0: 1}]
-    while len(powers) <= limit and powers[-1]:
-        powers.append(budget.product(powers[-1], item.counts))
-    return _Repeat(item, low, tuple(powers), _union(powers[low:]))
+    pieces = {n: c for n, c in item.counts.items() if n > 0}
+    if 0 in item.counts:
+        low = 0  # empty copies add nothing: item{low,high} is item-without-empty{0,high}
+    exact: list[Counts] = [{0: 1}]
+    for _ in range(low):
+        exact.append(budget.product(exact[-1], item.counts))
+        if not exact[-1]:
+            raise PatternError(f"needs strings longer than {MAX_PATTERN_LENGTH} characters")
+    if high is None:
+        optional: list[Counts] = [budget.star(pieces)]
+    else:
+        useful = MAX_PATTERN_LENGTH // min(pieces, default=MAX_PATTERN_LENGTH)  # more copies only overflow
+        optional = [{0: 1}]
+        for _ in range(min(high - low, useful)):
+            optional.append(_union([{0: 1}, budget.product(pieces, optional[-1])]))
+    return _Repeat(item, pieces, tuple(exact), tuple(optional), high is None, budget.product(exact[-1], optional[-1]))
 
 
 # --- parser --------------------------------------------------------------------------
@@ -194,7 +231,8 @@ class _Parser:
         self.budget = _Budget()
 
     def fail(self, what: str) -> PatternError:
-        return PatternError(f"uses {what} at offset {self.pos}, which llmsim cannot generate strings for")
+        return PatternError(f"uses {what} at offset {self.pos}, which llmsim cannot generate strings for; "
+                            "simplify the pattern")
 
     def peek(self, text: str) -> bool:
         return self.src.startswith(text, self.pos)
@@ -238,7 +276,7 @@ class _Parser:
         if char in simple:
             self.pos += 1
             return simple[char]
-        match = re.compile(r"\{(\d*)(?:(,)(\d*))?\}").match(self.src, self.pos)
+        match = _BRACES.match(self.src, self.pos)
         if char != "{" or match is None or match.group(0) == "{}":
             return None  # a literal "{", as in Python
         self.pos = match.end()
@@ -276,7 +314,7 @@ class _Parser:
 
     def extension(self) -> bool:
         """Consume what follows ``(?``; False when no pattern follows (``(?i)``, ``(?#...)``)."""
-        flags = re.compile(r"\?([a-zA-Z]*)(?:-([a-zA-Z]*))?([:)])").match(self.src, self.pos)
+        flags = _INLINE_FLAGS.match(self.src, self.pos)
         if flags is not None and (flags.group(1) or flags.group(2)):
             self.set_flags(flags.group(1), flags.group(2) or "")
             self.pos = flags.end()
@@ -339,8 +377,7 @@ class _Parser:
         return _chars(char)
 
     def octal_or_backreference(self, first: str) -> _Node:
-        match = re.compile(r"[0-7]{0,2}").match(self.src, self.pos)
-        digits = first + (match.group(0) if match else "")
+        digits = first + _OCTAL.match(self.src, self.pos).group(0)  # type: ignore[union-attr]
         if first != "0" and len(digits) < 3:
             raise self.fail("a backreference")
         self.pos += len(digits) - 1
@@ -355,18 +392,18 @@ def _chars(alphabet: str) -> _Chars:
 
 @functools.lru_cache(maxsize=1024)
 def _alphabet(atom: str, flags: int) -> str:
-    """The characters ``atom`` (a set or class escape) matches, printable ones preferred."""
+    """The characters ``atom`` (a set or class escape) matches: printable ASCII if any,
+    else other printable characters, else whatever matches."""
     candidates = _PRINTABLE + _CONTROLS + "".join(_extra_candidates(atom))
     matcher = re.compile(atom, flags)
     found = "".join(dict.fromkeys(c for c in candidates if matcher.fullmatch(c)))
-    printable = "".join(c for c in found if c.isprintable())
-    return printable or found
+    ascii_printable = "".join(c for c in found if c in _PRINTABLE)
+    return ascii_printable or "".join(c for c in found if c.isprintable()) or found
 
 
 def _extra_candidates(atom: str) -> Iterator[str]:
     """Non-ASCII characters a set names (and a few after each, to cover ranges)."""
-    escaped = re.compile(r"\\(?:x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8}))|([^\x00-\x7f])")
-    for match in escaped.finditer(atom):
+    for match in _NAMED_CHARACTERS.finditer(atom):
         hex_digits = match.group(1) or match.group(2) or match.group(3)
         first = int(hex_digits, 16) if hex_digits else ord(match.group(4))
         for code in range(first, min(first + 32, 0x110000)):
@@ -433,6 +470,7 @@ class StringPattern:
         return "".join(out)
 
 
+@functools.lru_cache(maxsize=256)
 def compile_pattern(source: str) -> StringPattern:
     """Compile ``source``, or raise PatternError saying what cannot be generated."""
     try:

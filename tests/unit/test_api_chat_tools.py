@@ -320,7 +320,7 @@ NAMED_USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_fun
             "The tool specified in `tool_choice` does not match any of the specified `tools`",
         ),
         (chat(tool_choice="sometimes"), "tool_choice", "Invalid value for `tool_choice`: sometimes! Only named tools"),
-        (chat(tool_choice={"type": "function"}), "tool_choice", f"Invalid value for `function`: `None`"),
+        (chat(tool_choice={"type": "function"}), "tool_choice", "Invalid value for `function`: `None`"),
         (
             chat(tool_choice={"function": {}}),
             "tool_choice",
@@ -440,3 +440,28 @@ async def test_the_prompt_lists_the_tools_as_sent(autojump_clock: MockClock) -> 
     weather_tokens = len(sim.ctx.tokenizer.encode(orjson.dumps(WEATHER).decode()))
     extra = long.json()["usage"]["prompt_tokens"] - short.json()["usage"]["prompt_tokens"]
     assert weather_tokens // 2 < extra < weather_tokens * 2
+
+
+async def test_a_schema_that_admits_no_value_is_a_400_on_every_endpoint(autojump_clock: MockClock) -> None:
+    """Accepted at compile time, but ``uniqueItems`` cannot be met: the client's 400, not a 500."""
+    impossible = {
+        "type": "object",
+        "properties": {"a": {"type": "array", "items": {"type": "string", "pattern": "^(a|a|a|a)$"}, "minItems": 2, "uniqueItems": True}},
+        "required": ["a"],
+    }
+    chat_tools = [{"type": "function", "function": {"name": "f", "parameters": impossible}}]
+    flat_tools = [{"type": "function", "name": "f", "parameters": impossible}]
+    async with running() as sim:
+        chat_response = await post(sim, PATH, chat(tools=chat_tools, tool_choice="required"))
+        responses_response = await post(sim, "/v1/responses", {"input": "hi", "tools": flat_tools, "tool_choice": "required"})
+        messages_response = await post(
+            sim,
+            "/v1/messages",
+            {"max_tokens": 50, "messages": [{"role": "user", "content": "hi"}], "tools": [{"name": "f", "input_schema": impossible}], "tool_choice": {"type": "any"}},
+        )
+        assert sim.engine.statistics().submitted == 0
+    for response in (chat_response, responses_response):
+        assert response.status == 400, response.body
+        assert response.json()["error"]["param"].endswith(".properties.a")
+    assert messages_response.status == 400
+    assert messages_response.json()["error"]["type"] == "invalid_request_error"

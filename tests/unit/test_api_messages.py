@@ -97,8 +97,9 @@ async def test_not_found_malformed_json_and_wrong_method(autojump_clock: MockClo
     assert unknown.status == 404
     assert unknown.json() == {"type": "error", "error": {"type": "not_found_error", "message": "The model `claude-nope` does not exist."}}
     assert malformed.status == 400 and malformed.json()["error"]["type"] == "invalid_request_error"
-    # 405 comes from the router before the route's error style is known (see the report).
     assert wrong_method.status == 405
+    assert wrong_method.json()["type"] == "error"
+    assert wrong_method.json()["error"]["type"] == "invalid_request_error"
 
 
 async def test_tool_choice_rules(autojump_clock: MockClock) -> None:

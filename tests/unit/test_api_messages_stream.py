@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from llmsim.api.errors import ApiError
 from llmsim.api.event_stream import EventStreamingSink
-from llmsim.api.messages_format import MessageShell, MessagesStreamRenderer, message_body
+from llmsim.api.messages_format import (
+    MessageShell,
+    MessagesStreamRenderer,
+    message_body,
+)
 from llmsim.api.turns import TEXT, TOOL_CALL, Block, TurnPlan, make_job
 from llmsim.engine.job import Job
 from tests.unit.api_fakes import EngineRun

@@ -262,10 +262,12 @@ async def test_x_request_id_names_the_response(autojump_clock: MockClock) -> Non
 
 
 async def test_full_queue_is_a_429_before_the_stream_starts(autojump_clock: MockClock) -> None:
-    async with running(max_num_seqs=1, max_waiting_queue_length=0, time_to_first_token=10.0) as sim:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(post, sim, PATH, {"input": "x", "stream": True})
-            await trio.sleep(1)
-            refused = await post(sim, PATH, {"input": "x", "stream": True})
-            nursery.cancel_scope.cancel()
+    async with (
+        running(max_num_seqs=1, max_waiting_queue_length=0, time_to_first_token=10.0) as sim,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(post, sim, PATH, {"input": "x", "stream": True})
+        await trio.sleep(1)
+        refused = await post(sim, PATH, {"input": "x", "stream": True})
+        nursery.cancel_scope.cancel()
     assert refused.status == 429 and refused.json()["error"]["type"] == "RateLimitError"

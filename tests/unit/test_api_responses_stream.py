@@ -7,7 +7,12 @@ import orjson
 
 from llmsim.api.errors import ApiError
 from llmsim.api.event_stream import EventStreamingSink
-from llmsim.api.responses_format import ResponseShell, ResponsesStreamRenderer, TokenLogprobs, TurnIds
+from llmsim.api.responses_format import (
+    ResponseShell,
+    ResponsesStreamRenderer,
+    TokenLogprobs,
+    TurnIds,
+)
 from llmsim.api.turns import TEXT, TOOL_CALL, Block, TurnPlan, make_job
 from tests.unit.api_fakes import EngineRun
 

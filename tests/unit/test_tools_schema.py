@@ -29,12 +29,12 @@ def examples(count: int) -> settings:
     return settings(max_examples=count, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-
 NAMES = st.sampled_from(["city", "unit", "days", "a", "b", "x y", "ünï"])
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-20, 20), st.sampled_from([0.5, -2.25, 3.0]),
                     st.sampled_from(["red", "green", "", "é"]))
 FRIENDLY_PATTERNS = [r"^\d{3}-\d{4}$", r"^[A-Z]{2,3}$", r"^[a-z0-9_]+$", r"^(\+\d{1,3})?\d{10}$", r"^#[0-9a-fA-F]{6}$",
-                     r"abc", r"^(?:foo|bar)*baz$", r"(?i)^[^a-z]+$", r"\w+\s\W", r"^https?://.*"]
+                     r"abc", r"^(?:foo|bar)*baz$", r"(?i)^[^a-z]+$", r"\w+\s\W", r"^https?://.*", r"^(\d+\.)*\d+$",
+                     r"^[^@\s]+@[^@\s]+\.[a-z]{2,}$"]
 FORMATS = ["date", "date-time", "time", "email", "uri", "uuid", "hostname", "ipv4", "ipv6", "color"]
 
 
@@ -424,3 +424,12 @@ def test_fractional_multiple_of_passes_a_validators_division_check() -> None:
     options = ToolCallOptions()
     for seed in range(200):
         validate(schema, generate_arguments(schema, random.Random(seed), options=options))
+
+
+def test_compiled_schemas_are_cached_per_text_and_path() -> None:
+    schema = {"type": "object", "properties": {"b": {"type": "string"}, "a": {"type": "integer"}},
+              "required": ["b", "a"]}
+    first = compile_schema(schema, path=PATH)
+    assert compile_schema(json.loads(json.dumps(schema)), path=PATH) is first
+    assert compile_schema(schema, path="tools[1].function.parameters") is not first
+    assert list(first.generate(random.Random(0), ToolCallOptions())) == ["b", "a"]  # declared order, like a model

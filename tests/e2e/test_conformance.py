@@ -1,0 +1,133 @@
+"""Every basic endpoint and every bad input, identical on both backends and both HTTP versions.
+
+Each test runs four times: {native, hypercorn} x {HTTP/1.1, HTTP/2 prior knowledge}.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from llmsim.config import Config
+from llmsim.testing import open_simulator
+
+HTTP_VERSIONS = ("http1", "http2")
+
+
+@pytest.fixture(params=HTTP_VERSIONS)
+def http_version(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+async def client(backend: str, http_version: str) -> AsyncIterator[httpx.AsyncClient]:
+    config = Config(
+        port=0,
+        server=backend,
+        served_model_name=("alpha", "beta"),
+        model="org/base-model",
+        max_model_len=4096,
+        max_request_body_size_mb=0.01,  # 10 KiB
+    )
+    async with open_simulator(config) as server:
+        http2 = http_version == "http2"
+        async with httpx.AsyncClient(base_url=server.url, http1=not http2, http2=http2, timeout=10) as client:
+            yield client
+
+
+def _assert_envelope(response: httpx.Response, status: int, error_type: str) -> dict[str, object]:
+    assert response.status_code == status
+    assert response.headers["content-type"].startswith("application/json")
+    body = response.json()
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == status and error["type"] == error_type
+    assert isinstance(error["message"], str) and error["message"]
+    return error
+
+
+async def test_health_ping_and_version(client: httpx.AsyncClient, http_version: str) -> None:
+    for method, path in (("GET", "/health"), ("GET", "/ping"), ("POST", "/ping")):
+        response = await client.request(method, path)
+        assert response.status_code == 200, (method, path)
+        assert response.content == b""
+        assert response.http_version == ("HTTP/2" if http_version == "http2" else "HTTP/1.1")
+    version = await client.get("/version")
+    assert version.status_code == 200 and isinstance(version.json()["version"], str)
+    ready = await client.get("/health/ready")
+    assert ready.status_code == 200
+
+
+async def test_models_lists_every_served_name_in_vllm_shape(client: httpx.AsyncClient) -> None:
+    response = await client.get("/v1/models")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["object"] == "list"
+    assert [card["id"] for card in body["data"]] == ["alpha", "beta"]
+    for card in body["data"]:
+        assert set(card) == {"id", "object", "created", "owned_by", "root", "parent", "max_model_len"}
+        assert card["object"] == "model" and card["owned_by"] == "vllm"
+        assert card["root"] == "org/base-model" and card["parent"] is None
+        assert card["max_model_len"] == 4096 and isinstance(card["created"], int)
+
+
+async def test_unknown_path_is_404(client: httpx.AsyncClient) -> None:
+    _assert_envelope(await client.get("/v1/nothing-here"), 404, "NotFoundError")
+    _assert_envelope(await client.post("/v2/chat/completions", json={}), 404, "NotFoundError")
+
+
+async def test_wrong_method_is_405_with_allow(client: httpx.AsyncClient) -> None:
+    response = await client.get("/v1/chat/completions")
+    _assert_envelope(response, 405, "MethodNotAllowed")
+    assert response.headers["allow"] == "POST"
+    _assert_envelope(await client.delete("/v1/models"), 405, "MethodNotAllowed")
+
+
+async def test_malformed_json_is_400(client: httpx.AsyncClient) -> None:
+    for body in (b"{not json", b"[1, 2]", b"", b'"just a string"'):
+        response = await client.post(
+            "/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+        )
+        _assert_envelope(response, 400, "BadRequestError")
+
+
+async def test_wrong_content_type_is_400(client: httpx.AsyncClient) -> None:
+    response = await client.post(
+        "/v1/completions", content=b'{"prompt": "hi"}', headers={"content-type": "text/plain"}
+    )
+    error = _assert_envelope(response, 400, "BadRequestError")
+    assert "application/json" in str(error["message"])
+
+
+async def test_body_too_large_is_413_and_the_server_keeps_serving(client: httpx.AsyncClient) -> None:
+    big = {"prompt": "x" * 20_000, "max_tokens": 1}
+    response = await client.post("/v1/completions", json=big)
+    _assert_envelope(response, 413, "RequestEntityTooLarge")
+    assert (await client.get("/health")).status_code == 200
+
+
+async def test_wrong_field_types_are_400_naming_the_field(client: httpx.AsyncClient) -> None:
+    response = await client.post("/v1/chat/completions", json={"messages": "hello", "max_tokens": 3})
+    error = _assert_envelope(response, 400, "BadRequestError")
+    assert error["param"] == "messages"
+    response = await client.post(
+        "/v1/completions", json={"prompt": "hi", "max_tokens": "many"}
+    )
+    assert _assert_envelope(response, 400, "BadRequestError")["param"] == "max_tokens"
+
+
+async def test_unknown_model_is_404(client: httpx.AsyncClient) -> None:
+    response = await client.post("/v1/completions", json={"model": "gamma", "prompt": "hi", "max_tokens": 2})
+    error = _assert_envelope(response, 404, "NotFoundError")
+    assert error["message"] == "The model `gamma` does not exist."
+    assert error["param"] == "model"
+
+
+async def test_ready_is_503_during_the_startup_duration(backend: str) -> None:
+    async with open_simulator(Config(port=0, server=backend, startup_duration=3600.0)) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            _assert_envelope(await client.get("/health/ready"), 503, "InternalServerError")
+            assert (await client.get("/health")).status_code == 200
