@@ -20,7 +20,9 @@ SCENARIOS = ("startup", "ceiling", "throughput", "fidelity", "memory")
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
-    parser.add_argument("scenarios", nargs="*", metavar="scenario", help=f"any of: {', '.join(SCENARIOS)} (default: all)")
+    parser.add_argument(
+        "scenarios", nargs="*", metavar="scenario", help=f"any of: {', '.join(SCENARIOS)} (default: all)"
+    )
     parser.add_argument("--quick", action="store_true", help="short loads: a smoke run, noisier numbers")
     default_processes = attrs.fields(Options).processes.default
     parser.add_argument("--processes", type=int, default=default_processes, help="load-generator worker processes")

@@ -21,7 +21,9 @@ from benchmarks.loadgen.records import chat_body
 __all__ = ["H2loadResult", "h2load_command", "request_files", "run_h2load", "shell", "wrk_command"]
 
 _FINISHED = re.compile(r"finished in ([\d.]+)(m?s), ([\d.]+) req/s")
-_REQUESTS = re.compile(r"requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored")
+_REQUESTS = re.compile(
+    r"requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored"
+)
 
 
 def request_files(directory: Path, model: str, max_tokens: int) -> tuple[Path, Path]:
@@ -32,9 +34,7 @@ def request_files(directory: Path, model: str, max_tokens: int) -> tuple[Path, P
     body_path.write_bytes(body)
     script_path = directory / "chat_post.lua"
     script_path.write_text(
-        'wrk.method = "POST"\n'
-        f"wrk.body = '{body.decode()}'\n"
-        'wrk.headers["Content-Type"] = "application/json"\n'
+        f'wrk.method = "POST"\nwrk.body = \'{body.decode()}\'\nwrk.headers["Content-Type"] = "application/json"\n'
     )
     return body_path, script_path
 
@@ -51,7 +51,19 @@ def h2load_command(
 
 
 def wrk_command(port: int, *, connections: int, duration: float, script: Path) -> list[str]:
-    return ["wrk", "-t", "1", "-c", str(connections), "-d", f"{duration:g}s", "--latency", "-s", str(script), f"http://127.0.0.1:{port}/v1/chat/completions"]
+    return [
+        "wrk",
+        "-t",
+        "1",
+        "-c",
+        str(connections),
+        "-d",
+        f"{duration:g}s",
+        "--latency",
+        "-s",
+        str(script),
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+    ]
 
 
 def shell(command: list[str]) -> str:

@@ -10,9 +10,12 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
+import matplotlib.ticker
 
 __all__ = ["ceiling", "fidelity", "memory", "throughput"]
+
+_MS_TICKS = (0, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000)
 
 
 def throughput(rows: Sequence[dict[str, Any]], path: Path) -> None:
@@ -30,7 +33,10 @@ def throughput(rows: Sequence[dict[str, Any]], path: Path) -> None:
         _label(top, bars, [mine.get(load, {}).get("throughput_ratio", math.nan) for load in loads])
         bars = bottom.bar(xs, cpu, width, label=server)
         _label(bottom, bars, [mine.get(load, {}).get("cpu_efficiency_ratio", math.nan) for load in loads])
-    for axis, title in ((top, "streamed tokens/s (label: x baseline)"), (bottom, "server CPU s per million tokens (label: baseline / this)")):
+    for axis, title in (
+        (top, "streamed tokens/s (label: x baseline)"),
+        (bottom, "server CPU s per million tokens (label: baseline / this)"),
+    ):
         axis.set_xticks(range(len(loads)), loads)
         axis.set_title(title)
         axis.legend()
@@ -40,21 +46,30 @@ def throughput(rows: Sequence[dict[str, Any]], path: Path) -> None:
 
 
 def fidelity(rows: Sequence[dict[str, Any]], ttft: float, itl: float, path: Path) -> None:
-    """Measured TTFT and ITL p50/p99 per concurrency and server, against the configured value."""
+    """Measured TTFT and ITL p50/p99 per concurrency and server, against the configured value.
+
+    Symmetric-log scale: overload shows as seconds, while 0 (events that arrived in one
+    read) stays on the chart.
+    """
     figure, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     servers = list(dict.fromkeys(r["server"] for r in rows))
+    levels = sorted({r["concurrency"] for r in rows})
     for axis, metric, configured in ((axes[0], "ttft", ttft), (axes[1], "itl", itl)):
-        for server, color in zip(servers, ("tab:blue", "tab:gray", "tab:orange")):
-            mine = [r for r in rows if r["server"] == server]
-            labels = [f"{r['concurrency']:,}" for r in mine]
+        for server, color in zip(servers, ("tab:blue", "tab:gray", "tab:orange"), strict=False):
+            mine = sorted((r for r in rows if r["server"] == server), key=lambda r: r["concurrency"])
+            xs = [levels.index(r["concurrency"]) for r in mine]
             for quantile, style in (("p50", "-o"), ("p99", "--^")):
                 values = [_ms(r[f"{metric}_{quantile}"]) for r in mine]
-                axis.plot(labels, values, style, color=color, label=f"{server} {quantile}")
+                axis.plot(xs, values, style, color=color, label=f"{server} {quantile}")
         axis.axhline(configured * 1000, color="black", linewidth=1, label="configured")
-        axis.axhspan(configured * 1000 * 0.95, configured * 1000 * 1.05, color="green", alpha=0.15, label="±5 %")
-        axis.set_yscale("log")
+        axis.axhspan(configured * 1000 * 0.95, configured * 1000 * 1.05, color="green", alpha=0.2, label="±5 %")
+        axis.set_yscale("symlog", linthresh=10)
+        low, high = axis.get_ylim()
+        axis.set_yticks([t for t in _MS_TICKS if low <= t <= high])
+        axis.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        axis.set_xticks(range(len(levels)), [f"{level:,}" for level in levels])
         axis.set_xlabel("concurrent HTTP/2 streams")
-        axis.set_ylabel("ms (log scale)")
+        axis.set_ylabel("ms (symlog; missing point: no stream finished)")
         axis.set_title(f"{metric.upper()} as the client measured it")
         axis.legend(fontsize=7)
     figure.tight_layout()
@@ -67,7 +82,7 @@ def memory(rows: Sequence[dict[str, Any]], path: Path) -> None:
     labels = [f"{r['streams']:,}" for r in rows]
     bars = axis.bar(labels, [r["bytes_per_stream"] / 1024 for r in rows])
     axis.bar_label(bars, [f"{r['bytes_per_stream'] / 1024:.1f} KiB" for r in rows])
-    axis.axhline(20, color="black", linestyle="--", label="target 20 KB")
+    axis.axhline(20_000 / 1024, color="black", linestyle="--", label="target 20 KB (19.5 KiB)")
     axis.set_xlabel("in-flight streams")
     axis.set_ylabel("server RSS per stream (KiB)")
     axis.set_title("memory per in-flight stream (llmsim native)")

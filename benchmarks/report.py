@@ -15,6 +15,7 @@ import psutil
 
 __all__ = ["environment", "percent_error", "print_table", "ratio", "write_json"]
 
+
 def write_json(directory: Path, name: str, payload: dict[str, Any]) -> Path:
     """``<directory>/<name>.json``, with NaN written as null (JSON has no NaN)."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -46,10 +47,10 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[obje
     cells = [[_cell(v) for v in row] for row in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
     print(f"\n{title}")
-    print("  ".join(c.rjust(w) for c, w in zip(columns, widths)))
+    print("  ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True)))
     print("  ".join("-" * w for w in widths))
     for row in cells:
-        print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
+        print("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
 
 
 def _cell(value: object) -> str:

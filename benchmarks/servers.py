@@ -33,6 +33,9 @@ MODEL = "bench-model"
 READY_TIMEOUT = 60.0
 STOP_TIMEOUT = 10.0
 SAMPLE_INTERVAL = 0.05
+#: A server using less than this share of a core for IDLE_SETTLE seconds is idle.
+IDLE_SHARE = 0.05
+IDLE_SETTLE = 0.5
 
 
 @attrs.frozen
@@ -58,7 +61,8 @@ BASELINE = ServerSpec("asgi-baseline", (sys.executable, "-m", "benchmarks.baseli
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 @attrs.frozen
@@ -86,7 +90,12 @@ class RunningServer:
         """Usage right now (CPU of all threads; runnable time of the main thread)."""
         process = psutil.Process(self.process.pid)
         times = process.cpu_times()
-        return Sample(time.perf_counter(), times.user + times.system, runnable_seconds(self.process.pid), process.memory_info().rss)
+        return Sample(
+            time.perf_counter(),
+            times.user + times.system,
+            runnable_seconds(self.process.pid),
+            process.memory_info().rss,
+        )
 
     def usage_between(self, begin: float, end: float) -> tuple[float, float, int]:
         """CPU seconds, runnable seconds and peak RSS between two perf_counter times."""
@@ -98,6 +107,26 @@ class RunningServer:
         inside = [s.rss for s in self.samples if begin <= s.at <= end]
         return cpu, runnable, max(inside) if inside else self.rss_at(end)
 
+    def wait_idle(self, timeout: float) -> float:
+        """Wait until the server's CPU use drops below :data:`IDLE_SHARE` of a core for
+        :data:`IDLE_SETTLE` seconds; return how long that took (``timeout`` at most).
+
+        A load ends by dropping its connections mid-stream; a server that keeps working
+        for clients that are gone would otherwise steal the CPU of the next measurement.
+        """
+        started = time.perf_counter()
+        quiet_since = started
+        last = self.sample()
+        while time.perf_counter() - started < timeout:
+            time.sleep(SAMPLE_INTERVAL)
+            now = self.sample()
+            if (now.cpu - last.cpu) / (now.at - last.at) > IDLE_SHARE:
+                quiet_since = now.at
+            elif now.at - quiet_since >= IDLE_SETTLE:
+                return quiet_since - started
+            last = now
+        return timeout
+
     def rss_at(self, at: float) -> int:
         """RSS of the last sample taken at or before ``at``."""
         index = bisect.bisect_right([s.at for s in self.samples], at) - 1
@@ -106,7 +135,8 @@ class RunningServer:
     def _interpolate(self, times: list[float], at: float, field: str) -> float:
         index = min(max(bisect.bisect_left(times, at), 1), len(times) - 1)
         before, after = self.samples[index - 1], self.samples[index]
-        low, high = getattr(before, field), getattr(after, field)
+        low: float = getattr(before, field)
+        high: float = getattr(after, field)
         span = after.at - before.at
         return low if span <= 0 else low + (high - low) * (at - before.at) / span
 
@@ -150,7 +180,9 @@ def _wait_ready(server: RunningServer) -> None:
             raise RuntimeError(f"{server.spec.name} exited with status {server.process.returncode} before it was ready")
         try:
             connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=2)
-            connection.request("POST", "/v1/chat/completions", chat_body(MODEL, 1), {"Content-Type": "application/json"})
+            connection.request(
+                "POST", "/v1/chat/completions", chat_body(MODEL, 1), {"Content-Type": "application/json"}
+            )
             response = connection.getresponse()
             body = response.read()
             connection.close()

@@ -95,7 +95,7 @@ async def _serve(port: int) -> None:
     config.h2_max_concurrent_streams = 1000
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
-            binds = await nursery.start(serve, app, config)  # type: ignore[arg-type]
+            binds = await nursery.start(serve, app, config)
             print(f"listening on {binds[0]}", flush=True)
             async for _ in signals:
                 nursery.cancel_scope.cancel()

@@ -1,6 +1,6 @@
 """Command line: run one load against a server on 127.0.0.1 and print its summary as JSON.
 
-    python -m benchmarks.loadgen --port 8000 --http2 -c 20 -m 50 -d 10 --processes 2
+python -m benchmarks.loadgen --port 8000 --http2 -c 20 -m 50 -d 10 --processes 2
 """
 
 from __future__ import annotations

@@ -137,7 +137,9 @@ Render = Callable[[int, int, int], bytes]  # (stream key, tokens, group index) -
 class _Pacer:
     """Sends every stream's groups of one connection on schedule, all due ones in one write."""
 
-    def __init__(self, stream: trio.SocketStream, send_lock: trio.Lock, pace: Pace, responses: _Responses, render: Render) -> None:
+    def __init__(
+        self, stream: trio.SocketStream, send_lock: trio.Lock, pace: Pace, responses: _Responses, render: Render
+    ) -> None:
         self._stream, self._lock, self._pace = stream, send_lock, pace
         self._responses, self._render = responses, render
         self._due: list[tuple[float, int, int, int, int]] = []  # (due, order, key, tokens, group)
@@ -304,7 +306,9 @@ async def _serve(port: int, pace: Pace) -> None:
     responses = _Responses()
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
-            serve_tcp = functools.partial(trio.serve_tcp, functools.partial(_handle, responses=responses, pace=pace), port, host="127.0.0.1")
+            serve_tcp = functools.partial(
+                trio.serve_tcp, functools.partial(_handle, responses=responses, pace=pace), port, host="127.0.0.1"
+            )
             listeners = await nursery.start(serve_tcp)
             print(f"listening on http://127.0.0.1:{listeners[0].socket.getsockname()[1]}", flush=True)
             async for _ in signals:

@@ -35,7 +35,7 @@ def request_bytes(plan: Plan) -> bytes:
 class ResponseParser:
     """One response, fed in pieces; ``complete`` once its body has ended."""
 
-    __slots__ = ("record", "keep_alive", "_state", "_buffer", "_remaining", "_body")
+    __slots__ = ("_body", "_buffer", "_remaining", "_state", "keep_alive", "record")
 
     def __init__(self, record: StreamRecord) -> None:
         self.record = record
@@ -61,7 +61,7 @@ class ResponseParser:
         size = len(buffer)
         while position < size:
             state = self._state
-            if state == _CHUNK_DATA or state == _LENGTH:
+            if state in (_CHUNK_DATA, _LENGTH):
                 take = min(self._remaining, size - position)
                 pieces.append(buffer[position : position + take])
                 position += take

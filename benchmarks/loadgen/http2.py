@@ -2,10 +2,10 @@
 
 The frame layer is hand-rolled; header blocks go through ``hpack`` (h2's own HPACK
 codec).  The h2 library itself was measured first and rejected for the receive path: it
-spends about 35 µs of Python per DATA frame (state machines, a frame object and an eager
-``repr()`` for its debug log), which caps one process near 25,000 frames/s -- below what
-the servers under test send.  Here a DATA frame costs one ``struct`` unpack and a list
-append (numbers in docs/benchmarks.md).
+spent 20 to 30 µs of CPU per DATA frame (state machines, a frame object and an eager
+``repr()`` for its debug log), at most about 40,000 frames/s per process -- well below
+what the servers under test send.  Here a DATA frame costs one ``struct`` unpack and a
+list append (numbers in docs/benchmarks.md).
 
 Flow control is made invisible to the server: every stream's window and the connection
 window are 2**31-1, and the connection window is topped up in one WINDOW_UPDATE per
@@ -19,6 +19,7 @@ first streams over the ramp-up period.
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import time
 
@@ -43,17 +44,29 @@ DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDO
 END_STREAM = ACK = 0x1
 END_HEADERS, PADDED, PRIORITY_FLAG = 0x4, 0x8, 0x20
 HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE = 0x1, 0x2, 0x3, 0x4
-ERROR_NAMES = (
-    "NO_ERROR PROTOCOL_ERROR INTERNAL_ERROR FLOW_CONTROL_ERROR SETTINGS_TIMEOUT STREAM_CLOSED FRAME_SIZE_ERROR "
-    "REFUSED_STREAM CANCEL COMPRESSION_ERROR CONNECT_ERROR ENHANCE_YOUR_CALM INADEQUATE_SECURITY HTTP_1_1_REQUIRED"
-).split()
+ERROR_NAMES = [
+    "NO_ERROR",
+    "PROTOCOL_ERROR",
+    "INTERNAL_ERROR",
+    "FLOW_CONTROL_ERROR",
+    "SETTINGS_TIMEOUT",
+    "STREAM_CLOSED",
+    "FRAME_SIZE_ERROR",
+    "REFUSED_STREAM",
+    "CANCEL",
+    "COMPRESSION_ERROR",
+    "CONNECT_ERROR",
+    "ENHANCE_YOUR_CALM",
+    "INADEQUATE_SECURITY",
+    "HTTP_1_1_REQUIRED",
+]
 
 _HEAD = struct.Struct(">HBBBI")  # 24-bit length as 16 + 8 bits, type, flags, stream id
 _U32 = struct.Struct(">I")
 _SETTING = struct.Struct(">HI")
 
 
-class ConnectionLost(Exception):
+class ConnectionLostError(Exception):
     """The server closed the connection or broke the protocol."""
 
 
@@ -111,30 +124,32 @@ class _Client:
 
     async def run(self, first_starts: list[float]) -> None:
         settings = _SETTING.pack(INITIAL_WINDOW_SIZE, MAX_WINDOW) + _SETTING.pack(ENABLE_PUSH, 0)
-        self.outbox += [PREFACE, frame(SETTINGS, 0, 0, settings), frame(WINDOW_UPDATE, 0, 0, _U32.pack(MAX_WINDOW - DEFAULT_WINDOW))]
+        self.outbox += [
+            PREFACE,
+            frame(SETTINGS, 0, 0, settings),
+            frame(WINDOW_UPDATE, 0, 0, _U32.pack(MAX_WINDOW - DEFAULT_WINDOW)),
+        ]
         try:
             await self._flush()
             while not (self.remote_settings_seen and self.settings_acked):
                 self._receive(await self._read(), time.perf_counter())
                 await self._flush()
             if len(self.plan.body) > self.stream_window:
-                raise ConnectionLost(f"initial stream window {self.stream_window} < request body")
+                raise ConnectionLostError(f"initial stream window {self.stream_window} < request body")
             async with trio.open_nursery() as nursery:
                 for at in first_starts:
                     nursery.start_soon(self._add_slot_at, at)
                 await self._read_loop()
                 nursery.cancel_scope.cancel()
-        except (ConnectionLost, trio.BrokenResourceError, OSError, hpack.HPACKError) as exc:
+        except (ConnectionLostError, trio.BrokenResourceError, OSError, hpack.HPACKError) as exc:
             self._fail_all(f"{type(exc).__name__}: {exc}")
 
     async def _add_slot_at(self, at: float) -> None:
         await sleep_until(at)
         self.slots += 1
         self._top_up()
-        try:
-            await self._flush()
-        except (trio.BrokenResourceError, OSError):
-            pass  # the reader task sees the broken connection and fails its streams
+        with contextlib.suppress(trio.BrokenResourceError, OSError):
+            await self._flush()  # if broken, the reader task sees it and fails the streams
 
     async def _read_loop(self) -> None:
         """Process frames until the connection ends (the plan's deadline cancels it)."""
@@ -164,7 +179,9 @@ class _Client:
             self.outbox.append(frame(HEADERS, END_HEADERS, stream_id, self.encoder.encode(self.headers)))
             for start in range(0, need, DEFAULT_FRAME_SIZE):
                 last = start + DEFAULT_FRAME_SIZE >= need
-                self.outbox.append(frame(DATA, END_STREAM if last else 0, stream_id, body[start : start + DEFAULT_FRAME_SIZE]))
+                self.outbox.append(
+                    frame(DATA, END_STREAM if last else 0, stream_id, body[start : start + DEFAULT_FRAME_SIZE])
+                )
             self.send_window -= need
 
     def _receive(self, data: bytes, now: float) -> None:
@@ -205,10 +222,12 @@ class _Client:
             if body is not None:
                 body.feed(b"".join(pieces), now)
 
-    def _control(self, kind: int, flags: int, stream_id: int, payload: bytes, pending: dict[int, list[bytes]], now: float) -> None:
+    def _control(
+        self, kind: int, flags: int, stream_id: int, payload: bytes, pending: dict[int, list[bytes]], now: float
+    ) -> None:
         """Every frame but DATA."""
         if self.header_block is not None and kind != CONTINUATION:
-            raise ConnectionLost("header block interrupted before END_HEADERS")
+            raise ConnectionLostError("header block interrupted before END_HEADERS")
         if kind == HEADERS:
             if flags & PADDED:
                 payload = payload[1 : len(payload) - payload[0]]
@@ -219,7 +238,7 @@ class _Client:
                 self._headers(pending, now)
         elif kind == CONTINUATION:
             if self.header_block is None or self.header_block[0] != stream_id:
-                raise ConnectionLost("unexpected CONTINUATION")
+                raise ConnectionLostError("unexpected CONTINUATION")
             self.header_block[2].append(payload)
             if flags & END_HEADERS:
                 self._headers(pending, now)
@@ -237,7 +256,7 @@ class _Client:
             last, code = struct.unpack_from(">II", payload)
             self._goaway(last & 0x7FFFFFFF, _error_name(code), now)
         elif kind == PUSH_PROMISE:
-            raise ConnectionLost("PUSH_PROMISE although ENABLE_PUSH is 0")
+            raise ConnectionLostError("PUSH_PROMISE although ENABLE_PUSH is 0")
 
     def _headers(self, pending: dict[int, list[bytes]], now: float) -> None:
         assert self.header_block is not None
@@ -304,10 +323,12 @@ class _Client:
     async def _read(self) -> bytes:
         data = await self.sock.receive_some(RECEIVE_SIZE)
         if not data:
-            raise ConnectionLost("server closed the connection")
+            raise ConnectionLostError("server closed the connection")
         return data
 
     async def _flush(self) -> None:
+        if not self.outbox:
+            return  # most reads queue nothing: skip the lock
         # Taken under the lock so that frames leave in the order they were queued.
         async with self.send_lock:
             if self.outbox:

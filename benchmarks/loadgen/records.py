@@ -49,7 +49,7 @@ class StreamRecord:
     tokens: int = -1
     done: bool = False
     error: str | None = None
-    gaps: array = attrs.field(factory=lambda: array("d"))
+    gaps: array[float] = attrs.field(factory=lambda: array("d"))
 
     def on_events(self, count: int, now: float) -> None:
         """``count`` content events arrived in one read at ``now``: all but the first gap are 0."""

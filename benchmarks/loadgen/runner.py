@@ -12,6 +12,7 @@ import math
 import multiprocessing
 import time
 from multiprocessing.connection import Connection
+from typing import Any
 
 import attrs
 import trio
@@ -31,7 +32,7 @@ START_DELAY = 0.1
 
 @attrs.frozen
 class LoadSpec:
-    """A closed-loop load: ``connections`` × ``streams`` streams, each replaced when it ends.
+    """A closed-loop load: ``connections`` x ``streams`` streams, each replaced when it ends.
 
     ``streams`` is the number of concurrent streams per HTTP/2 connection (HTTP/1.1
     connections carry one at a time).  The first streams start spread evenly over
@@ -113,15 +114,16 @@ def run_load(spec: LoadSpec) -> LoadResult:
             runnable += worker_runnable
         return LoadResult(spec, start_at, stop_at, records, cpu, runnable)
     finally:
-        for process, pipe in workers:
+        for worker, pipe in workers:
             pipe.close()
-            process.join(timeout=5)
-            if process.is_alive():
-                process.kill()
-                process.join()
+            worker.join(timeout=5)
+            if worker.is_alive():
+                worker.kill()
+                worker.join()
 
 
-def _expect(pipe: Connection, timeout: float, what: str):  # type: ignore[no-untyped-def]
+def _expect(pipe: Connection, timeout: float, what: str) -> Any:
+    """The worker's next message, or an error that says which step it failed at."""
     if not pipe.poll(timeout):
         raise TimeoutError(f"load generator worker sent no {what} within {timeout:.0f} s")
     try:

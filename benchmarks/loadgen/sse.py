@@ -30,7 +30,7 @@ _MARKERS = (b"[]", b"[ ", b"[DONE]", b'"error"')
 class SseReader:
     """Feeds one response body's bytes into a record."""
 
-    __slots__ = ("record", "_tail")
+    __slots__ = ("_tail", "record")
 
     def __init__(self, record: StreamRecord) -> None:
         self.record = record
@@ -121,7 +121,7 @@ def _data(event: bytes) -> bytes:
 class ErrorBody:
     """Stands in for :class:`SseReader` when the status is not 200: keeps the body's start."""
 
-    __slots__ = ("record", "_head")
+    __slots__ = ("_head", "record")
 
     def __init__(self, record: StreamRecord) -> None:
         self.record = record

@@ -57,13 +57,17 @@ def run(options: Options) -> dict[str, Any]:
                         "tokens_per_second": s.tokens_per_second,
                         "client_cpu_share": s.client_cpu_share,
                         "client_busy": s.client_busy,
-                        "events_per_client_cpu_second": s.events_per_second / s.client_cpu_share if s.client_cpu_share else 0.0,
+                        "events_per_client_cpu_second": s.events_per_second / s.client_cpu_share
+                        if s.client_cpu_share
+                        else 0.0,
                         "blaster_busy": result.server_busy,
                         "errors": s.errors,
                     }
                 )
         http2, connections, streams = LOADS[1]
-        command = h2load_command(blaster.port, connections=connections, streams=streams, duration=duration, warmup=warmup, body=body)
+        command = h2load_command(
+            blaster.port, connections=connections, streams=streams, duration=duration, warmup=warmup, body=body
+        )
         checked = run_h2load(command, timeout=duration + 60)
     h2load_events = checked.requests_per_second * (MAX_TOKENS + 2) if checked else None  # content events
     payload = {
@@ -78,12 +82,21 @@ def run(options: Options) -> dict[str, Any]:
         "load generator ceiling against the blaster (busy near 1: the client is the limit)",
         ["load", "procs", "events/s", "client CPU", "client busy", "events/CPU-s", "blaster busy", "errors"],
         [
-            [r["load"], r["processes"], r["events_per_second"], r["client_cpu_share"], r["client_busy"], r["events_per_client_cpu_second"], r["blaster_busy"], r["errors"]]
+            [
+                r["load"],
+                r["processes"],
+                r["events_per_second"],
+                r["client_cpu_share"],
+                r["client_busy"],
+                r["events_per_client_cpu_second"],
+                r["blaster_busy"],
+                r["errors"],
+            ]
             for r in rows
         ],
     )
     if h2load_events is not None:
-        print(f"  h2load against the same blaster (h2 20x50): {h2load_events:,.0f} events/s -- the blaster is not the limit")
+        print(f"  h2load against the same blaster (h2 20x50): {h2load_events:,.0f} events/s: not the limit")
     write_json(options.results_dir, "ceiling", payload)
     plots.ceiling(rows, options.results_dir / "ceiling.png")
     return payload

@@ -11,7 +11,9 @@ from benchmarks.loadgen.runner import LoadSpec, run_load
 from benchmarks.loadgen.stats import LoadSummary, summarize
 from benchmarks.servers import SAMPLE_INTERVAL, RunningServer
 
-__all__ = ["Measurement", "measure"]
+__all__ = ["CLEANUP_TIMEOUT", "Measurement", "measure"]
+
+CLEANUP_TIMEOUT = 30.0
 
 
 @attrs.frozen
@@ -20,13 +22,16 @@ class Measurement:
 
     ``server_busy`` is the server's main thread runnable seconds per wall second: near
     1.0 the server was the bottleneck (on a shared machine CPU seconds alone cannot
-    tell, as a saturated process only gets its share of the cores).
+    tell, as a saturated process only gets its share of the cores).  After the load,
+    :func:`measure` waits (at most :data:`CLEANUP_TIMEOUT`) until the server is idle.
     """
 
     summary: LoadSummary
     server_cpu_seconds: float
     server_busy: float
     server_rss_peak: int
+    #: How long the server kept working after the load dropped its open streams.
+    server_cleanup_seconds: float
 
     @property
     def cpu_seconds_per_million_tokens(self) -> float:
@@ -40,4 +45,9 @@ def measure(server: RunningServer, spec: LoadSpec) -> Measurement:
     summary = summarize(result)
     begin, end = result.window
     cpu, runnable, rss = server.usage_between(begin, end)
-    return Measurement(summary, cpu, runnable / (end - begin), rss)
+    if server.process.poll() is not None:
+        raise RuntimeError(
+            f"{server.spec.name} died during the load (exit status {server.process.returncode}); see its log"
+        )
+    cleanup = server.wait_idle(CLEANUP_TIMEOUT)
+    return Measurement(summary, cpu, runnable / (end - begin), rss, cleanup)

@@ -24,7 +24,7 @@ from benchmarks.external import h2load_command, request_files, run_h2load, shell
 from benchmarks.loadgen.runner import LoadSpec
 from benchmarks.report import environment, print_table, ratio, write_json
 from benchmarks.scenarios import Options
-from benchmarks.scenarios.measure import Measurement, measure
+from benchmarks.scenarios.measure import CLEANUP_TIMEOUT, Measurement, measure
 from benchmarks.servers import BASELINE, MODEL, llmsim, running
 
 __all__ = ["run"]
@@ -45,10 +45,13 @@ MEDIAN_KEYS = (
     "server_cpu_seconds",
     "cpu_seconds_per_million_tokens",
     "server_busy",
+    "server_cleanup_seconds",
     "client_busy",
     "ttft_p50",
     "ttft_p99",
     "streams_measured",
+    "throughput_ratio",
+    "cpu_efficiency_ratio",
 )
 
 
@@ -80,13 +83,22 @@ def run(options: Options) -> dict[str, Any]:
                     commands.setdefault(spec.describe(), _equivalent(spec, duration, warmup, body, script))
         http2, connections, streams = H2LOAD_LOAD
         for server in servers:
-            command = h2load_command(server.port, connections=connections, streams=streams, duration=duration, warmup=warmup, body=body)
+            command = h2load_command(
+                server.port, connections=connections, streams=streams, duration=duration, warmup=warmup, body=body
+            )
             checked = run_h2load(command, timeout=duration + 60)
+            server.wait_idle(CLEANUP_TIMEOUT)
             if checked is not None:
-                cross_checks.append({"server": server.spec.name, "tokens_per_second": checked.tokens_per_second(MAX_TOKENS), **attrs.asdict(checked)})
+                cross_checks.append(
+                    {
+                        "server": server.spec.name,
+                        "tokens_per_second": checked.tokens_per_second(MAX_TOKENS),
+                        **attrs.asdict(checked),
+                    }
+                )
+    _add_ratios(samples, ("round", "load"))
+    _add_ratios(cross_checks, ())
     rows = _medians(samples)
-    _add_ratios(rows, "load")
-    _add_ratios(cross_checks, None)
     payload = {
         "scenario": "throughput",
         "environment": environment(),
@@ -115,6 +127,7 @@ def _row(result: Measurement) -> dict[str, Any]:
         "server_cpu_seconds": result.server_cpu_seconds,
         "cpu_seconds_per_million_tokens": result.cpu_seconds_per_million_tokens,
         "server_busy": result.server_busy,
+        "server_cleanup_seconds": result.server_cleanup_seconds,
         "client_busy": s.client_busy,
         "ttft_p50": s.ttft.p50,
         "ttft_p99": s.ttft.p99,
@@ -125,7 +138,7 @@ def _row(result: Measurement) -> dict[str, Any]:
 
 
 def _medians(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per server and load: the median of each number over the rounds, errors summed."""
+    """Per server and load: the median of each number (ratios included) over the rounds."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for sample in samples:
         groups.setdefault((sample["server"], sample["load"]), []).append(sample)
@@ -143,28 +156,38 @@ def _medians(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _equivalent(spec: LoadSpec, duration: float, warmup: float, body: Path, script: Path) -> str:
     """The same load for h2load (HTTP/2) or wrk (HTTP/1.1); the port is this run's."""
     if spec.http2:
-        command = h2load_command(spec.port, connections=spec.connections, streams=spec.streams, duration=duration, warmup=warmup, body=body)
+        command = h2load_command(
+            spec.port, connections=spec.connections, streams=spec.streams, duration=duration, warmup=warmup, body=body
+        )
     else:
         command = wrk_command(spec.port, connections=spec.connections, duration=duration, script=script)
     return shell(command)
 
 
-def _add_ratios(rows: list[dict[str, Any]], group: str | None) -> None:
-    """tokens/s over the baseline's, and the baseline's CPU per token over this server's."""
-    base = {row.get(group) if group else None: row for row in rows if row["server"] == BASELINE.name}
+def _add_ratios(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> None:
+    """tokens/s over the baseline's, and the baseline's CPU per token over this server's.
+
+    Each row is compared with the baseline row that has the same ``keys`` (round and
+    load): measurements taken seconds apart share the machine's background load, so
+    their ratio is steadier than a ratio of medians.
+    """
+    base = {tuple(row[k] for k in keys): row for row in rows if row["server"] == BASELINE.name}
     for row in rows:
-        reference = base.get(row.get(group) if group else None)
+        reference = base.get(tuple(row[k] for k in keys))
         if reference is None:
             continue
         row["throughput_ratio"] = ratio(row["tokens_per_second"], reference["tokens_per_second"])
         if "cpu_seconds_per_million_tokens" in row:
-            row["cpu_efficiency_ratio"] = ratio(reference["cpu_seconds_per_million_tokens"], row["cpu_seconds_per_million_tokens"])
+            row["cpu_efficiency_ratio"] = ratio(
+                reference["cpu_seconds_per_million_tokens"], row["cpu_seconds_per_million_tokens"]
+            )
 
 
 def _print(rows: list[dict[str, Any]], cross_checks: list[dict[str, Any]], commands: dict[str, str]) -> None:
     print_table(
-        "throughput (zero latency, 200-token streaming chat; medians over rounds; ratios vs asgi-baseline in this run)",
-        ["server", "load", "tokens/s", "x base", "CPU s/Mtok", "x base", "srv busy", "cli busy", "TTFT p50", "errors"],
+        "throughput (zero latency, 200-token streaming chat; medians over rounds of the values and of the"
+        " per-round ratios vs asgi-baseline)",
+        ["server", "load", "tokens/s", "x base", "CPU s/Mtok", "x base", "srv busy", "cli busy", "cleanup s", "errors"],
         [
             [
                 r["server"],
@@ -175,7 +198,7 @@ def _print(rows: list[dict[str, Any]], cross_checks: list[dict[str, Any]], comma
                 r.get("cpu_efficiency_ratio", math.nan),
                 r["server_busy"],
                 r["client_busy"],
-                r["ttft_p50"],
+                r["server_cleanup_seconds"],
                 r["errors"],
             ]
             for r in rows
@@ -188,7 +211,10 @@ def _print(rows: list[dict[str, Any]], cross_checks: list[dict[str, Any]], comma
         print_table(
             "h2load cross-check (HTTP/2 20x50; counts completed requests only, 0 if none finished in the window)",
             ["server", "tokens/s", "x base", "succeeded", "failed"],
-            [[c["server"], c["tokens_per_second"], c.get("throughput_ratio", math.nan), c["succeeded"], c["failed"]] for c in cross_checks],
+            [
+                [c["server"], c["tokens_per_second"], c.get("throughput_ratio", math.nan), c["succeeded"], c["failed"]]
+                for c in cross_checks
+            ],
         )
     print("\nequivalent commands (ports differ per run):")
     for label, command in commands.items():

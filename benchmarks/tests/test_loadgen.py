@@ -7,22 +7,26 @@ is outside the product's test paths).
 from __future__ import annotations
 
 import random
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
 import trio
 
 from benchmarks.loadgen.blaster import render_events
 from benchmarks.loadgen.http1 import ResponseParser
-from benchmarks.loadgen.records import StreamRecord
-from benchmarks.loadgen.runner import LoadSpec, _drive
 from benchmarks.loadgen.plan import Plan
-from benchmarks.loadgen.records import chat_body
+from benchmarks.loadgen.records import StreamRecord, chat_body
+from benchmarks.loadgen.runner import LoadSpec, _drive
 from benchmarks.loadgen.sse import SseReader
+from benchmarks.servers import ServerSpec, running
 
 
 def _pieces(data: bytes, rng: random.Random) -> list[bytes]:
     cuts = sorted(rng.sample(range(1, len(data)), k=min(len(data) - 1, rng.randint(0, 40))))
-    return [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
+    return [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -44,7 +48,10 @@ def test_sse_reader_counts_content_events_however_the_body_is_split(seed: int, c
 def test_sse_reader_compact_json_and_error_event() -> None:
     record = StreamRecord(start=0.0)
     reader = SseReader(record)
-    reader.feed(b'data: {"choices":[{"delta":{"content":"[]"}}]}\n\ndata: {"choices":[],"usage":{"completion_tokens":1}}\n\n', 1.0)
+    reader.feed(
+        b'data: {"choices":[{"delta":{"content":"[]"}}]}\n\ndata: {"choices":[],"usage":{"completion_tokens":1}}\n\n',
+        1.0,
+    )
     reader.feed(b'data: {"error": {"message": "boom", "code": 500}}\n\ndata: [DONE]\n\n', 2.0)
     reader.finish(3.0)
     assert record.events == 1 and record.tokens == 1 and record.done
@@ -83,16 +90,20 @@ def test_http1_parser_error_status_keeps_the_body() -> None:
 
 @pytest.mark.parametrize("http2", [False, True])
 def test_closed_loop_against_the_blaster(http2: bool) -> None:
-    """End to end over loopback: every finished stream is complete and error-free."""
-    from benchmarks.servers import ServerSpec, running
-    import sys
-    from pathlib import Path
-    import tempfile
-    import time
-
-    spec_server = ServerSpec("blaster", (sys.executable, "-m", "benchmarks.loadgen.blaster", "--port", "{port}", "--itl", "0.001"))
+    """End to end over loopback (paced blaster): every finished stream is complete and clean."""
+    spec_server = ServerSpec(
+        "blaster", (sys.executable, "-m", "benchmarks.loadgen.blaster", "--port", "{port}", "--itl", "0.001")
+    )
     with tempfile.TemporaryDirectory() as tmp, running(spec_server, Path(tmp)) as server:
-        spec = LoadSpec(port=server.port, http2=http2, connections=2, streams=3 if http2 else 1, duration=1.0, warmup=0.0, max_tokens=20)
+        spec = LoadSpec(
+            port=server.port,
+            http2=http2,
+            connections=2,
+            streams=3 if http2 else 1,
+            duration=1.0,
+            warmup=0.0,
+            max_tokens=20,
+        )
         start = time.perf_counter()
         plan = Plan(spec.host, spec.port, spec.path, chat_body(spec.model, spec.max_tokens), start + spec.duration)
         trio.run(_drive, spec, 0, plan, start)
