@@ -1,7 +1,7 @@
 """Fidelity: do client-measured latencies stay at the configured values under load?
 
 llmsim native is configured with TTFT 100 ms and ITL 20 ms and streams 100-token chat
-completions to 500, 2,000 and 10,000 concurrent HTTP/2 streams (closed loop, enough
+completions to 200, 500, 2,000 and 10,000 concurrent HTTP/2 streams (closed loop, enough
 ``max-num-seqs`` that nothing queues).  The first streams start spread over one stream
 lifetime, so arrivals are steady; only streams that start after the warm-up and finish
 before the stop count.  Reported: TTFT and ITL p50/p90/p99 and their error against
@@ -34,7 +34,7 @@ ITL = 0.020
 MAX_TOKENS = 100
 STREAM_SECONDS = TTFT + (MAX_TOKENS - 1) * ITL
 #: (connections, streams per connection); the server allows 1,000 streams per connection.
-LOADS = ((20, 25), (40, 50), (100, 100))
+LOADS = ((10, 20), (20, 25), (40, 50), (100, 100))
 SERVER = llmsim(
     "llmsim-native-fidelity",
     "--server",

@@ -24,7 +24,8 @@ from typing import Literal
 
 import attrs
 
-from llmsim.engine.jsonschema_gen import CompiledSchema, ToolCallOptions, ToolSchemaError, compile_schema
+from llmsim.engine.jsonschema_gen import CompiledSchema, ToolSchemaError, compile_schema
+from llmsim.engine.tool_options import ToolCallOptions
 
 __all__ = [
     "CompiledSchema",

@@ -15,10 +15,10 @@ import jsonschema
 import pytest
 import trio
 
-from llmsim.config import Config
-from llmsim.testing import open_simulator
+from llmsim.server import ServerHandle
 
 MODEL = "sim-model"
+SEED = 11
 MESSAGES: list[Any] = [{"role": "user", "content": "Tell me about the weather."}]
 WEATHER_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -32,34 +32,12 @@ WEATHER_SCHEMA: dict[str, Any] = {
 TOOLS: list[Any] = [{"name": "get_weather", "description": "Weather in a city", "input_schema": WEATHER_SCHEMA}]
 
 
-@pytest.fixture(params=["http1", "http2"])
-def http_version(request: pytest.FixtureRequest) -> str:
-    return request.param
-
-
 @pytest.fixture
-def server_config(backend: str) -> Config:
-    return Config(
-        port=0,
-        server=backend,
-        served_model_name=(MODEL,),
-        seed=11,
-        time_to_first_token=0.002,
-        inter_token_latency=0.0005,
-    )
-
-
-def _http_kwargs(http_version: str) -> dict[str, bool]:
-    return {"http1": http_version == "http1", "http2": http_version == "http2"}
-
-
-@pytest.fixture
-async def client(server_config: Config, http_version: str) -> AsyncIterator[anthropic.AsyncAnthropic]:
-    async with (
-        open_simulator(server_config) as server,
-        httpx2.AsyncClient(**_http_kwargs(http_version)) as http_client,
-    ):
-        yield anthropic.AsyncAnthropic(base_url=server.url, api_key="unused", max_retries=0, http_client=http_client)
+async def client(llmsim_server: ServerHandle, http_kwargs: dict[str, Any]) -> AsyncIterator[anthropic.AsyncAnthropic]:
+    async with httpx2.AsyncClient(**http_kwargs) as http_client:
+        yield anthropic.AsyncAnthropic(
+            base_url=llmsim_server.url, api_key="unused", max_retries=0, http_client=http_client
+        )
 
 
 async def test_create_non_streaming(client: anthropic.AsyncAnthropic) -> None:
@@ -158,16 +136,16 @@ async def test_errors(client: anthropic.AsyncAnthropic) -> None:
         await client.messages.create(model=MODEL, max_tokens=5, messages=MESSAGES, tools=TOOLS, tool_choice={"type": "tool", "name": "x"})
 
 
-async def test_sync_client(server_config: Config, http_version: str) -> None:
-    async with open_simulator(server_config) as server:
+async def test_sync_client(llmsim_server: ServerHandle, http_kwargs: dict[str, Any]) -> None:
+    def use_sync_client() -> tuple[Any, Any]:
+        with httpx2.Client(**http_kwargs) as http_client:
+            client = anthropic.Anthropic(
+                base_url=llmsim_server.url, api_key="unused", max_retries=0, http_client=http_client
+            )
+            created = client.messages.create(model=MODEL, max_tokens=5, messages=MESSAGES)
+            with client.messages.stream(model=MODEL, max_tokens=5, messages=MESSAGES) as stream:
+                final = stream.get_final_message()
+            return created, final
 
-        def use_sync_client() -> tuple[Any, Any]:
-            with httpx2.Client(**_http_kwargs(http_version)) as http_client:
-                client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, http_client=http_client)
-                created = client.messages.create(model=MODEL, max_tokens=5, messages=MESSAGES)
-                with client.messages.stream(model=MODEL, max_tokens=5, messages=MESSAGES) as stream:
-                    final = stream.get_final_message()
-                return created, final
-
-        created, final = await trio.to_thread.run_sync(use_sync_client)
+    created, final = await trio.to_thread.run_sync(use_sync_client)
     assert created.content[0].text and final.content[0].text

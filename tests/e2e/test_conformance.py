@@ -6,6 +6,7 @@ Each test runs four times: {native, hypercorn} x {HTTP/1.1, HTTP/2 prior knowled
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -13,16 +14,9 @@ import pytest
 from llmsim.config import Config
 from llmsim.testing import open_simulator
 
-HTTP_VERSIONS = ("http1", "http2")
-
-
-@pytest.fixture(params=HTTP_VERSIONS)
-def http_version(request: pytest.FixtureRequest) -> str:
-    return request.param
-
 
 @pytest.fixture
-async def client(backend: str, http_version: str) -> AsyncIterator[httpx.AsyncClient]:
+async def client(backend: str, http_kwargs: dict[str, Any]) -> AsyncIterator[httpx.AsyncClient]:
     config = Config(
         port=0,
         server=backend,
@@ -32,8 +26,7 @@ async def client(backend: str, http_version: str) -> AsyncIterator[httpx.AsyncCl
         max_request_body_size_mb=0.01,  # 10 KiB
     )
     async with open_simulator(config) as server:
-        http2 = http_version == "http2"
-        async with httpx.AsyncClient(base_url=server.url, http1=not http2, http2=http2, timeout=10) as client:
+        async with httpx.AsyncClient(base_url=server.url, timeout=10, **http_kwargs) as client:
             yield client
 
 

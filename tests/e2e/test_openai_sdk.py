@@ -21,40 +21,20 @@ from openai.types.chat import ChatCompletionTokenLogprob
 from openai.types.chat.chat_completion import ChoiceLogprobs
 
 from llmsim.config import Config
+from llmsim.server import ServerHandle
 from llmsim.testing import open_simulator
 
 MODEL = "sim-model"
+SEED = 3
 MESSAGES: list[Any] = [{"role": "user", "content": "Tell me about the weather."}]
 
 
-@pytest.fixture(params=["http1", "http2"])
-def http_version(request: pytest.FixtureRequest) -> str:
-    return request.param
-
-
 @pytest.fixture
-def server_config(backend: str) -> Config:
-    return Config(
-        port=0,
-        server=backend,
-        served_model_name=(MODEL,),
-        seed=3,
-        time_to_first_token=0.002,
-        inter_token_latency=0.0005,
-    )
-
-
-def _http_client_kwargs(http_version: str) -> dict[str, bool]:
-    return {"http1": http_version == "http1", "http2": http_version == "http2"}
-
-
-@pytest.fixture
-async def client(server_config: Config, http_version: str) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with open_simulator(server_config) as server:
-        async with httpx.AsyncClient(**_http_client_kwargs(http_version)) as http_client:
-            yield openai.AsyncOpenAI(
-                base_url=f"{server.url}/v1", api_key="unused", max_retries=0, http_client=http_client
-            )
+async def client(llmsim_server: ServerHandle, http_kwargs: dict[str, Any]) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with httpx.AsyncClient(**http_kwargs) as http_client:
+        yield openai.AsyncOpenAI(
+            base_url=f"{llmsim_server.url}/v1", api_key="unused", max_retries=0, http_client=http_client
+        )
 
 
 async def test_chat_non_streaming(client: openai.AsyncOpenAI) -> None:
@@ -134,21 +114,19 @@ async def test_completions_streaming(client: openai.AsyncOpenAI) -> None:
     assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (4, 7)
 
 
-async def test_sync_client(server_config: Config, http_version: str) -> None:
-    async with open_simulator(server_config) as server:
+async def test_sync_client(llmsim_server: ServerHandle, http_kwargs: dict[str, Any]) -> None:
+    def use_sync_client() -> tuple[Any, list[Any], Any]:
+        with httpx.Client(**http_kwargs) as http_client:
+            client = openai.OpenAI(
+                base_url=f"{llmsim_server.url}/v1", api_key="unused", max_retries=0, http_client=http_client
+            )
+            chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
+            chunks = list(client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, stream=True))
+            with client.chat.completions.stream(model=MODEL, messages=MESSAGES) as stream:
+                final = stream.get_final_completion()
+            return chat, chunks, final
 
-        def use_sync_client() -> tuple[Any, list[Any], Any]:
-            with httpx.Client(**_http_client_kwargs(http_version)) as http_client:
-                client = openai.OpenAI(
-                    base_url=f"{server.url}/v1", api_key="unused", max_retries=0, http_client=http_client
-                )
-                chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
-                chunks = list(client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, stream=True))
-                with client.chat.completions.stream(model=MODEL, messages=MESSAGES) as stream:
-                    final = stream.get_final_completion()
-                return chat, chunks, final
-
-        chat, chunks, final = await trio.to_thread.run_sync(use_sync_client)
+    chat, chunks, final = await trio.to_thread.run_sync(use_sync_client)
     assert chat.choices[0].message.content
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
     assert final.choices[0].message.content
@@ -191,10 +169,10 @@ async def test_error_types(
     assert isinstance(caught.value.body, dict) and caught.value.body["code"] == caught.value.status_code
 
 
-async def test_full_queue_is_a_rate_limit_error(server_config: Config, http_version: str) -> None:
-    busy = attrs.evolve(server_config, max_num_seqs=1, max_waiting_queue_length=0, time_to_first_token=60.0)
+async def test_full_queue_is_a_rate_limit_error(llmsim_config: Config, http_kwargs: dict[str, Any]) -> None:
+    busy = attrs.evolve(llmsim_config, max_num_seqs=1, max_waiting_queue_length=0, time_to_first_token=60.0)
     async with open_simulator(busy) as server:
-        async with httpx.AsyncClient(**_http_client_kwargs(http_version)) as http_client:
+        async with httpx.AsyncClient(**http_kwargs) as http_client:
             client = openai.AsyncOpenAI(
                 base_url=f"{server.url}/v1", api_key="unused", max_retries=0, http_client=http_client
             )

@@ -16,10 +16,10 @@ import openai
 import pytest
 import trio
 
-from llmsim.config import Config
-from llmsim.testing import open_simulator
+from llmsim.server import ServerHandle
 
 MODEL = "sim-model"
+SEED = 5
 WEATHER_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -35,34 +35,12 @@ TOOLS: list[Any] = [
 ]
 
 
-@pytest.fixture(params=["http1", "http2"])
-def http_version(request: pytest.FixtureRequest) -> str:
-    return request.param
-
-
 @pytest.fixture
-def server_config(backend: str) -> Config:
-    return Config(
-        port=0,
-        server=backend,
-        served_model_name=(MODEL,),
-        seed=5,
-        time_to_first_token=0.002,
-        inter_token_latency=0.0005,
-    )
-
-
-def _http_kwargs(http_version: str) -> dict[str, bool]:
-    return {"http1": http_version == "http1", "http2": http_version == "http2"}
-
-
-@pytest.fixture
-async def client(server_config: Config, http_version: str) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with (
-        open_simulator(server_config) as server,
-        httpx.AsyncClient(**_http_kwargs(http_version)) as http_client,
-    ):
-        yield openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, http_client=http_client)
+async def client(llmsim_server: ServerHandle, http_kwargs: dict[str, Any]) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with httpx.AsyncClient(**http_kwargs) as http_client:
+        yield openai.AsyncOpenAI(
+            base_url=f"{llmsim_server.url}/v1", api_key="unused", max_retries=0, http_client=http_client
+        )
 
 
 async def test_create_non_streaming(client: openai.AsyncOpenAI) -> None:
@@ -212,16 +190,16 @@ async def test_errors(client: openai.AsyncOpenAI) -> None:
     assert bad_schema.value.status_code == 400
 
 
-async def test_sync_client(server_config: Config, http_version: str) -> None:
-    async with open_simulator(server_config) as server:
+async def test_sync_client(llmsim_server: ServerHandle, http_kwargs: dict[str, Any]) -> None:
+    def use_sync_client() -> tuple[Any, Any]:
+        with httpx.Client(**http_kwargs) as http_client:
+            client = openai.OpenAI(
+                base_url=f"{llmsim_server.url}/v1", api_key="unused", max_retries=0, http_client=http_client
+            )
+            created = client.responses.create(model=MODEL, input="Hi", max_output_tokens=4)
+            with client.responses.stream(model=MODEL, input="Hi", max_output_tokens=4) as stream:
+                final = stream.get_final_response()
+            return created, final
 
-        def use_sync_client() -> tuple[Any, Any]:
-            with httpx.Client(**_http_kwargs(http_version)) as http_client:
-                client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, http_client=http_client)
-                created = client.responses.create(model=MODEL, input="Hi", max_output_tokens=4)
-                with client.responses.stream(model=MODEL, input="Hi", max_output_tokens=4) as stream:
-                    final = stream.get_final_response()
-                return created, final
-
-        created, final = await trio.to_thread.run_sync(use_sync_client)
+    created, final = await trio.to_thread.run_sync(use_sync_client)
     assert created.output_text and final.output_text
