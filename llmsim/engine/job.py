@@ -83,7 +83,7 @@ class Job:
     finish_time: float | None = None  # last sink call, or cancel / reject
     prefilled_tokens: int = 0  # prompt tokens with KV ready; cached ones count from admission
     deadline: float = 0.0  # absolute due time of the next token (first token while PREFILL)
-    schedule_id: int = 0  # the job's live entry in the engine's deadline heap; 0 = none
+    slot: float | None = None  # step time of the job's live entry in the engine's schedule; None = none
 
     @property
     def prompt_tokens(self) -> int:

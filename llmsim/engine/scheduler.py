@@ -4,6 +4,7 @@ Sans-I/O and clock-injected: every method takes ``now`` (seconds on the caller's
 clock) and nothing here sleeps, spawns or does I/O.  One task drives it::
 
     engine.set_wakeup(wake_event.set)
+    engine.set_step_quantum(0.002)  # optional: coalesce steps onto a 2 ms grid
     while True:
         deadline = engine.next_deadline()
         ... sleep until ``deadline`` or until the wakeup callback fires ...
@@ -19,9 +20,27 @@ up by emitting every due token at once, at most :data:`MAX_TOKENS_PER_STEP` per 
 per step (the rest are due again at once, in the next step).
 
 One :meth:`Engine.step` handles every job due at or before ``now``; the sink calls of
-one step are what the server flushes together.  Jobs are kept in a heap of
-``(deadline, schedule_id, job)``; an entry whose ``schedule_id`` no longer matches the
-job's (cancelled, paused, rescheduled) is stale and skipped when it surfaces.
+one step are what the server flushes together.
+
+The step quantum.  Every distinct deadline would be a step of its own: with thousands
+of jobs at random phases, that is thousands of tiny steps per second, each one waking
+the writers of many connections.  :meth:`Engine.set_step_quantum` puts steps on a grid
+instead: a token due at ``d`` is handed out at the first grid time at or after ``d``
+(never before it), so one step serves every job due within one grid interval, and the
+driver wakes at most once per interval.  Deadlines themselves stay exact and chained,
+so the rounding never accumulates.  The grid interval divides the inter-token latency
+(20 ms with a 2 ms target: exactly 2 ms), so without jitter every token of a job is
+late by the same amount and the client sees the configured ITL exactly; TTFT is late by
+less than one interval (half of it on average).  Tokens already due (zero latency,
+catching up, a resume) are never held back for the grid.  Without a quantum (the
+default) every deadline is its own step time, exactly.
+
+The schedule.  Jobs wait in buckets keyed by their step time (a heap of the distinct
+step times and a dict from step time to a list of jobs); jobs due at once wait in the
+ready list.  A job has at most one live entry: the one in the bucket named by
+``job.slot``.  An entry whose job has moved on (cancelled, finished, paused,
+rescheduled) is stale and skipped when its bucket comes up.  With a quantum, the
+per-token cost is a list append into a bucket that usually exists already.
 """
 
 from __future__ import annotations
@@ -40,14 +59,33 @@ from llmsim.engine.job import Job, JobState
 from llmsim.engine.latency import LatencyModel
 from llmsim.engine.prefill import ChunkedPrefill
 
-__all__ = ["Engine", "EngineStatistics", "MAX_TOKENS_PER_STEP", "LATE_STEP_THRESHOLD"]
+__all__ = ["Engine", "EngineStatistics", "MAX_TOKENS_PER_STEP", "LATE_STEP_THRESHOLD", "step_grid"]
 
 #: Most tokens one job receives in one step when it is catching up.
 MAX_TOKENS_PER_STEP = 16
-#: A step that starts this much after its earliest due deadline counts as late.
+#: A step that starts this much after its earliest step time counts as late.
 LATE_STEP_THRESHOLD = 0.001
+#: ``job.slot`` of a job waiting in the ready list (due at the next step).
+_READY = -math.inf
+#: A deadline this close below a grid time (in grid intervals) belongs to it: float
+#: sums of the ITL can land a hair off the grid.
+_GRID_TOLERANCE = 1e-6
 
-_HeapEntry = tuple[float, int, Job]
+_PREFILL = JobState.PREFILL
+_DECODING = JobState.DECODING
+_FINISHED = JobState.FINISHED
+
+
+def step_grid(config: Config, target: float) -> float:
+    """The grid interval for a step quantum of about ``target`` seconds: the largest
+    ``inter_token_latency / k`` (k a positive integer) not above ``target``, or
+    ``target`` itself without an inter-token latency; 0 (no grid) if ``target <= 0``."""
+    if target <= 0.0:
+        return 0.0
+    itl = config.inter_token_latency
+    if itl <= 0.0:
+        return target
+    return itl / max(1, math.ceil(itl / target - _GRID_TOLERANCE))
 
 
 @attrs.frozen
@@ -59,7 +97,8 @@ class EngineStatistics:
     the prompts of jobs whose prefill completed (cached tokens included, as vLLM's
     ``prompt_tokens_total``).  ``steps`` counts steps that had something due;
     ``late_steps`` those that ran more than :data:`LATE_STEP_THRESHOLD` after their
-    earliest due deadline, and ``max_lateness`` is the worst such delay (seconds).
+    earliest step time (the earliest due deadline, or with a step quantum the grid
+    time it was rounded up to), and ``max_lateness`` is the worst such delay (seconds).
     """
 
     running: int
@@ -93,11 +132,19 @@ class Engine:
         self._waiting_count = 0
         self._running = 0
         self._decoding = 0
-        self._heap: list[_HeapEntry] = []
-        # While a step runs, new heap entries wait here so that no job is handled
-        # twice in one step; the step pushes them when it ends.
-        self._deferred: list[_HeapEntry] | None = None
-        self._last_schedule_id = 0
+        # The schedule (see the module docstring).
+        self._ready: list[Job] = []
+        self._ready_time = math.inf  # earliest deadline in the ready list
+        self._buckets: dict[float, list[Job]] = {}
+        self._times: list[float] = []  # heap of the keys of _buckets
+        # While a step runs: its ``now``.  Whatever becomes due by then waits in the
+        # ready list for the next step, so that no job is handled twice in one step.
+        self._horizon = -math.inf
+        self._quantum_target = 0.0
+        self._grid = 0.0
+        self._inverse_grid = 0.0
+        self._fixed_itl: float | None = None
+        self._configure()
         self._callback_job: Job | None = None
         self._callback_resumed = False
         self._submitted = 0
@@ -116,22 +163,47 @@ class Engine:
     def config(self) -> Config:
         return self._config
 
+    @property
+    def step_quantum(self) -> float:
+        """The grid interval steps are put on (seconds); 0 when every deadline is its own step."""
+        return self._grid
+
     def reconfigure(self, config: Config) -> None:
         """Use ``config`` for every decision from now on.
 
         Deadlines already scheduled stay; new TTFTs, ITLs, load factors, slot and
-        queue limits and prefill budgets follow the new values.  Extra slots fill at
-        the next step or submit.
+        queue limits and prefill budgets follow the new values (and so does the step
+        grid, which divides the inter-token latency).  Extra slots fill at the next
+        step or submit.
         """
         self._config = config
         self._latency = LatencyModel.from_config(config)
         self._prefill.reconfigure(config)
+        self._configure()
+
+    def set_step_quantum(self, target: float) -> None:
+        """Coalesce steps onto a grid of about ``target`` seconds (see the module
+        docstring; :func:`step_grid` picks the interval).  Applies to tokens scheduled
+        from now on; ``0`` restores exact steps at every deadline."""
+        self._quantum_target = target
+        self._configure()
 
     def set_wakeup(self, callback: Callable[[], None]) -> None:
         """``callback()`` runs (synchronously) whenever :meth:`submit`, :meth:`resume` or
         :meth:`cancel` makes :meth:`next_deadline` earlier, so the driver can stop
         sleeping.  It must not block or call back into the engine."""
         self._wakeup = callback
+
+    def _configure(self) -> None:
+        config = self._config
+        self._grid = step_grid(config, self._quantum_target)
+        self._inverse_grid = 1.0 / self._grid if self._grid else 0.0
+        # The per-token path skips the latency model when every ITL is the same.
+        constant_factor = config.time_factor_under_load == 1.0 or config.max_num_seqs <= 1
+        if constant_factor and (config.inter_token_latency_std_dev <= 0.0 or config.inter_token_latency <= 0.0):
+            self._fixed_itl = config.inter_token_latency
+        else:
+            self._fixed_itl = None
 
     # --- the caller's side -------------------------------------------------------------
 
@@ -175,7 +247,7 @@ class Engine:
         job.state = JobState.CANCELLED
         job.finish_time = now
         job.paused = False
-        job.schedule_id = 0
+        job.slot = None
         if previous is JobState.NEW:
             return
         self._cancelled += 1
@@ -200,16 +272,30 @@ class Engine:
             return
         before = self.next_deadline()
         job.paused = False
-        self._schedule(job, max(job.deadline, now))
+        self._schedule(job, max(job.deadline, now), now)
         self._wake_if_earlier(before)
 
     def next_deadline(self) -> float:
-        """Absolute time of the next due event; ``math.inf`` when nothing is due."""
-        heap = self._heap
-        while heap and heap[0][2].schedule_id != heap[0][1]:
-            heapq.heappop(heap)
-        first_token = heap[0][0] if heap else math.inf
-        return min(first_token, self._prefill.next_period_end)
+        """Absolute time of the next step (the next due deadline, or with a step
+        quantum the grid time it rounds up to); ``math.inf`` when nothing is due."""
+        first = math.inf
+        if self._ready:
+            if _live(self._ready, _READY):
+                first = self._ready_time
+            else:
+                self._ready_time = math.inf
+        times = self._times
+        buckets = self._buckets
+        while times:
+            time = times[0]
+            if _live(buckets[time], time):
+                if time < first:
+                    first = time
+                break
+            heapq.heappop(times)
+            del buckets[time]
+        period_end = self._prefill.next_period_end
+        return period_end if period_end < first else first
 
     def step(self, now: float) -> None:
         """Do everything due at or before ``now``, calling the jobs' sinks."""
@@ -217,20 +303,25 @@ class Engine:
         if self._prefill.next_period_end <= now:
             earliest = self._prefill.next_period_end
             for job, prefilled_at in self._prefill.run_due(now, self._decoding):
-                self._schedule(job, max(job.deadline, prefilled_at))
-        self._deferred = []
+                self._schedule(job, max(job.deadline, prefilled_at), now)
+        self._horizon = now
         try:
-            heap = self._heap
-            while heap and heap[0][0] <= now:
-                deadline, schedule_id, job = heapq.heappop(heap)
-                if job.schedule_id != schedule_id:
-                    continue
-                earliest = min(earliest, deadline)
-                self._advance(job, now)
+            if self._ready:
+                ready, ready_time = self._ready, self._ready_time
+                if ready_time < earliest:
+                    earliest = ready_time
+                self._ready = []
+                self._ready_time = math.inf
+                self._run(ready, _READY, now, ready_time)
+            times = self._times
+            buckets = self._buckets
+            while times and times[0] <= now:
+                time = heapq.heappop(times)
+                if time < earliest:
+                    earliest = time
+                self._run(buckets.pop(time), time, now, time)
         finally:
-            deferred, self._deferred = self._deferred, None
-            for entry in deferred:
-                heapq.heappush(self._heap, entry)
+            self._horizon = -math.inf
         self._fill_slots(now)
         if earliest != math.inf:
             self._record_step(now - earliest)
@@ -280,7 +371,7 @@ class Engine:
         if self._prefill.enabled and job.prefilled_tokens < job.prompt_tokens:
             self._prefill.add(job, now)
         else:
-            self._schedule(job, job.deadline)
+            self._schedule(job, job.deadline, now)
 
     def _release(self, job: Job, *, decoding: bool) -> None:
         self._running -= 1
@@ -294,57 +385,153 @@ class Engine:
 
     # --- pacing ----------------------------------------------------------------------------
 
-    def _schedule(self, job: Job, deadline: float) -> None:
-        self._last_schedule_id += 1
-        job.schedule_id = self._last_schedule_id
+    def _schedule(self, job: Job, deadline: float, now: float) -> None:
+        """Make ``deadline`` the job's next due time and give it its one live entry.
+        (The per-token path in :meth:`_run` does the same, inlined.)"""
         job.deadline = deadline
-        entry = (deadline, job.schedule_id, job)
-        if self._deferred is not None:
-            self._deferred.append(entry)
+        horizon = self._horizon if self._horizon > now else now
+        if deadline <= horizon:
+            time = _READY
+        elif self._grid:
+            time = math.ceil(deadline * self._inverse_grid - _GRID_TOLERANCE) * self._grid
+            if time <= horizon:
+                time = _READY
         else:
-            heapq.heappush(self._heap, entry)
+            time = deadline
+        if job.slot == time:
+            if time == _READY and deadline < self._ready_time:
+                self._ready_time = deadline
+            return  # its entry is there already (a resume before the step came)
+        job.slot = time
+        if time == _READY:
+            self._ready.append(job)
+            if deadline < self._ready_time:
+                self._ready_time = deadline
+            return
+        bucket = self._buckets.get(time)
+        if bucket is None:
+            self._buckets[time] = [job]
+            heapq.heappush(self._times, time)
+        else:
+            bucket.append(job)
 
-    def _advance(self, job: Job, now: float) -> None:
-        """Hand ``job`` every token due by ``now`` (up to the per-step cap)."""
-        if job.state is JobState.PREFILL:
-            self._start_decoding(job, now)
-        start = job.emitted
-        count, deadline = self._due_tokens(job, now, len(job.output) - start)
-        stop = start + count
-        job.emitted = stop
-        self._generated_tokens += count
-        finished = stop == len(job.output)
-        if finished:
-            job.state = JobState.FINISHED
-            job.finish_time = now
-            self._finished += 1
-            self._release(job, decoding=True)
-            self._fill_slots(deadline)
-        else:
-            self._schedule(job, deadline)
-        self._callback_job = job
-        self._callback_resumed = False
+    def _run(self, jobs: list[Job], time: float, now: float, due: float) -> None:
+        """Advance every live job of one bucket (or of the ready list, due since
+        ``due``): hand each one every token due by ``now`` (up to the per-step cap),
+        give it its next entry, and call its sink.
+
+        This is the per-token path, hence one loop with everything inlined (what
+        :meth:`_schedule` does, among others) and the engine's fields in locals.
+        """
+        grid = self._grid
+        inverse_grid = self._inverse_grid
+        fixed_itl = self._fixed_itl
+        buckets = self._buckets
+        done = 0
+        generated = 0
         try:
-            keep_going = job.sink.on_output(job, start, stop, now)
+            for job in jobs:
+                done += 1
+                if job.slot != time:
+                    continue  # stale: the job moved on
+                if job.paused:
+                    job.slot = None  # consumed: resume gives it a new entry
+                    continue
+                if job.state is _PREFILL:
+                    self._start_decoding(job, now)
+                start = job.emitted
+                total = len(job.output)
+                deadline = job.deadline
+                # How many tokens are due, and the deadline that follows: the next
+                # token's when some remain, else the last emitted token's.
+                remaining = total - start
+                if remaining <= 0:
+                    count = 0
+                elif remaining == 1:
+                    count = 1
+                elif fixed_itl is not None:
+                    count = 1
+                    while True:
+                        deadline += fixed_itl
+                        if deadline > now or count == MAX_TOKENS_PER_STEP:
+                            break
+                        count += 1
+                        if count == remaining:
+                            break
+                else:
+                    count, deadline = self._due_tokens(deadline, now, remaining)
+                stop = start + count
+                job.emitted = stop
+                generated += count
+                if stop == total:
+                    job.state = _FINISHED
+                    job.finish_time = now
+                    job.slot = None
+                    self._finished += 1
+                    self._running -= 1
+                    self._decoding -= 1
+                    if self._waiting_count:
+                        self._fill_slots(deadline)
+                else:
+                    # The next entry.  ``now`` is this step's: whatever is due by then
+                    # waits in the ready list for the next step.
+                    job.deadline = deadline
+                    if deadline > now:
+                        if grid:
+                            slot = math.ceil(deadline * inverse_grid - _GRID_TOLERANCE) * grid
+                            if slot <= now:  # a hair below this step's grid time
+                                slot = _READY
+                        else:
+                            slot = deadline
+                    else:
+                        slot = _READY
+                    job.slot = slot
+                    if slot == _READY:
+                        self._ready.append(job)
+                        if deadline < self._ready_time:
+                            self._ready_time = deadline
+                    else:
+                        bucket = buckets.get(slot)
+                        if bucket is None:
+                            buckets[slot] = [job]
+                            heapq.heappush(self._times, slot)
+                        else:
+                            bucket.append(job)
+                self._callback_job = job
+                self._callback_resumed = False
+                try:
+                    keep_going = job.sink.on_output(job, start, stop, now)
+                finally:
+                    self._callback_job = None
+                if not keep_going and not self._callback_resumed and job.state is _DECODING:
+                    job.paused = True
+        except BaseException:
+            # A sink raised: the rest of this bucket is still due.
+            rest = jobs[done:]
+            if rest:
+                if time == _READY:
+                    self._ready[:0] = rest
+                    self._ready_time = min(self._ready_time, due)
+                else:
+                    buckets[time] = rest
+                    heapq.heappush(self._times, time)
+            raise
         finally:
-            self._callback_job = None
-        if not keep_going and not self._callback_resumed and job.state is JobState.DECODING:
-            job.paused = True
-            job.schedule_id = 0
+            self._generated_tokens += generated
 
-    def _due_tokens(self, job: Job, now: float, remaining: int) -> tuple[int, float]:
-        """How many of the ``remaining`` tokens are due, and the deadline that follows:
-        the next token's when some remain, else the last emitted token's."""
-        deadline = job.deadline
-        if remaining <= 0:
-            return 0, deadline
-        factor = self._latency.load_factor(self._running)
+    def _due_tokens(self, deadline: float, now: float, remaining: int) -> tuple[int, float]:
+        """The catch-up loop of :meth:`_run` with jittered or load-scaled ITLs."""
+        latency = self._latency
+        factor = latency.load_factor(self._running)
+        rng = self._rng
         count = 1
-        while count < remaining:
-            deadline += self._latency.inter_token_latency(self._rng, factor)
+        while True:
+            deadline += latency.inter_token_latency(rng, factor)
             if deadline > now or count == MAX_TOKENS_PER_STEP:
                 break
             count += 1
+            if count == remaining:
+                break
         return count, deadline
 
     def _start_decoding(self, job: Job, now: float) -> None:
@@ -357,11 +544,27 @@ class Engine:
     # --- bookkeeping ---------------------------------------------------------------------
 
     def _wake_if_earlier(self, before: float) -> None:
-        if self._wakeup is not None and self._deferred is None and self.next_deadline() < before:
+        if self._wakeup is not None and self._horizon == -math.inf and self.next_deadline() < before:
             self._wakeup()
 
     def _record_step(self, lateness: float) -> None:
         self._steps += 1
         if lateness > LATE_STEP_THRESHOLD:
             self._late_steps += 1
-        self._max_lateness = max(self._max_lateness, lateness)
+        if lateness > self._max_lateness:
+            self._max_lateness = lateness
+
+
+def _live(jobs: list[Job], time: float) -> bool:
+    """True if ``jobs`` (the bucket for ``time``) holds a live entry; drops the stale
+    entries in front of the first live one (a paused job's entry is consumed as a step
+    would: :meth:`Engine.resume` gives it a new one)."""
+    for index, job in enumerate(jobs):
+        if job.slot == time:
+            if not job.paused:
+                if index:
+                    del jobs[:index]
+                return True
+            job.slot = None
+    jobs.clear()
+    return False

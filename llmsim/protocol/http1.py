@@ -18,6 +18,7 @@ import trio
 
 from llmsim.api.http import HttpRequest, reason_phrase
 from llmsim.protocol.base import Transport
+from llmsim.protocol.frames import chunk, h11_sends_chunked
 from llmsim.protocol.http2 import UPGRADE_ERRORS, Http2Handler
 from llmsim.protocol.stream import OutboundStream, run_handler, split_target
 
@@ -42,6 +43,7 @@ class Http1Handler:
         self._body_size = 0
         self._out: list[bytes] = []  # bytes made here rather than by a response: 100 Continue
         self._end_sent = False  # EndOfMessage of the current response is in the last batch
+        self._chunked = False  # h11 chose chunked framing for the current response: chunks are made here
         self._closing = False  # close once the current response is out
         self._finished = False
         self._pipelined = 0  # bytes received while the current response is in flight
@@ -167,6 +169,7 @@ class Http1Handler:
         stream = OutboundStream(self, settings.high_water, settings.low_water, head_only=head_only)
         self._response = stream
         self._end_sent = False
+        self._chunked = False
         self._pipelined = 0
         self._t.tracker.stream_opened()
         self._t.set_read_deadline(math.inf)
@@ -191,6 +194,10 @@ class Http1Handler:
     def outgoing(self) -> bytes:
         stream = self._response
         if stream is not None and not stream.closed:
+            if self._chunked and not self._out and not stream.ended and stream.buffered:
+                # The per-token case: one chunk, what h11's send(Data(...)) would return.
+                data = stream.take(stream.buffered)
+                return b"%x\r\n%b\r\n" % (len(data), data)
             self._render(stream, self._out)
         out, self._out = self._out, []
         return b"".join(out)
@@ -209,8 +216,13 @@ class Http1Handler:
                 headers = (*headers, _CLOSE)
             response = h11.Response(status_code=status, headers=list(headers), reason=reason_phrase(status))
             out.append(self._send(response))
+            self._chunked = h11_sends_chunked(self._h11)
         if stream.buffered:
-            out.append(self._send(h11.Data(data=stream.take(stream.buffered))))
+            data = stream.take(stream.buffered)
+            if self._chunked:
+                chunk(out, data)  # what h11's send(Data(data)) returns, without its event machinery
+            else:
+                out.append(self._send(h11.Data(data=data)))
         if stream.complete and not self._end_sent:
             out.append(self._send(h11.EndOfMessage()))
             self._end_sent = True

@@ -91,7 +91,8 @@ class OutboundStream:
         if data and not self.head_only:
             self._chunks.append(data)
             self._buffered += len(data)
-            self.host.schedule(self)
+            if not self.queued:
+                self.host.schedule(self)
         return self._buffered < self.high_water
 
     def end(self, data: bytes = b"") -> None:
@@ -137,6 +138,11 @@ class OutboundStream:
     def buffered(self) -> int:
         """Body bytes written and not yet taken by the writer."""
         return self._buffered
+
+    @property
+    def waits_for_drain(self) -> bool:
+        """Someone registered :meth:`on_drained` (so :meth:`flushed` has work to do)."""
+        return bool(self._drained_callbacks)
 
     @property
     def complete(self) -> bool:

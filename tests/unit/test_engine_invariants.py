@@ -31,10 +31,13 @@ class CheckingSink:
     accept: bool = True
     ranges: list[tuple[int, int]] = attrs.Factory(list)
     last_now: float = -math.inf
+    next_due: float = -math.inf  # the deadline of the next token, as of the last call
 
     def on_output(self, job: Job, start: int, stop: int, now: float) -> bool:
         expected_start = self.ranges[-1][1] if self.ranges else 0
         assert start == expected_start and job.emitted == stop
+        assert now >= self.next_due - 1e-9  # never early, with or without a step quantum
+        self.next_due = job.deadline
         assert stop - start <= MAX_TOKENS_PER_STEP
         assert stop > start or len(job.output) == 0
         assert now >= self.last_now and job.admitted_time is not None and now >= job.admitted_time
@@ -80,10 +83,11 @@ def _check_counts(engine: Engine, jobs: list[Job]) -> None:
     assert stats.generated_tokens == sum(job.emitted for job in jobs)
 
 
-@settings(max_examples=150, deadline=None)
-@given(ops=operations, seed=st.integers(0, 1000))
-def test_engine_stays_consistent(ops: list[Op], seed: int) -> None:
+@settings(max_examples=200, deadline=None)
+@given(ops=operations, seed=st.integers(0, 1000), quantum=st.sampled_from([0.0, 0.002, 0.0035]))
+def test_engine_stays_consistent(ops: list[Op], seed: int, quantum: float) -> None:
     engine = Engine(CONFIG, rng=random.Random(seed))
+    engine.set_step_quantum(quantum)
     jobs: list[Job] = []
     emitted_at_cancel: dict[int, int] = {}
     now = 0.0
