@@ -6,7 +6,14 @@ from llmsim.api.chat_format import ChatStreamRenderer, chat_completion_body
 from llmsim.api.chat_tools import call_blocks, plan_choices, tool_specs
 from llmsim.api.context import ApiContext, Call
 from llmsim.api.errors import JSON_HEADERS
-from llmsim.api.generation import GenerationPlan, PromptPlan, RequestIdentity, generate_all, generate_stream
+from llmsim.api.generation import (
+    GenerationPlan,
+    PromptPlan,
+    RequestIdentity,
+    check_job_count,
+    generate_all,
+    generate_stream,
+)
 from llmsim.api.logprobs_format import ChatLogprobs, choice_seed
 from llmsim.api.prompts import assistant_echo, chat_prompt_ids, check_context_length, last_user_text
 from llmsim.api.requests import ChatCompletionRequest, parse_chat_request
@@ -20,6 +27,7 @@ __all__ = ["chat_completions", "register"]
 async def chat_completions(call: Call) -> None:
     ctx = call.ctx
     request = parse_chat_request(call.json())
+    check_job_count(ctx, request.choices_per_prompt)
     tools = tool_specs(request.tools)
     model = ctx.resolve_model(request.model)
     prompt_ids = chat_prompt_ids(ctx.tokenizer, request.messages, request.tools)
@@ -29,7 +37,7 @@ async def chat_completions(call: Call) -> None:
     )
     identity = RequestIdentity.of(call, "chatcmpl-")
     echo_text = last_user_text(request.messages)
-    outputs = _tool_turns(ctx, request, tools, identity.request_id, len(prompt_ids), echo_text)
+    outputs = _tool_turns(ctx, request, tools, identity.request_id, len(prompt_ids), max_tokens, echo_text)
     plan = GenerationPlan(
         request_id=identity.request_id,
         prompts=(PromptPlan(prompt_ids, echo_text),),
@@ -77,6 +85,7 @@ def _tool_turns(
     tools: list[ToolSpec],
     request_id: str,
     prompt_tokens: int,
+    max_tokens: int | None,
     echo_text: str,
 ) -> list[TurnPlan] | None:
     """Each choice's tool calls or text, when tools may be called; else None (the
@@ -92,7 +101,7 @@ def _tool_turns(
         choices=request.choices_per_prompt,
         parallel_tool_calls=request.parallel_tool_calls is not False,
         prompt_tokens=prompt_tokens,
-        max_tokens=request.requested_max_tokens,
+        max_tokens=max_tokens,
         ignore_eos=bool(request.ignore_eos),
         echo_text=echo_text,
     )

@@ -5,7 +5,14 @@ from __future__ import annotations
 from llmsim.api.completions_format import CompletionStreamRenderer, completion_body
 from llmsim.api.context import ApiContext, Call
 from llmsim.api.errors import JSON_HEADERS
-from llmsim.api.generation import GenerationPlan, PromptPlan, RequestIdentity, generate_all, generate_stream
+from llmsim.api.generation import (
+    GenerationPlan,
+    PromptPlan,
+    RequestIdentity,
+    check_job_count,
+    generate_all,
+    generate_stream,
+)
 from llmsim.api.logprobs_format import CompletionLogprobs, EchoedPrompt, choice_seed
 from llmsim.api.prompts import CompletionPrompt, check_context_length, completion_prompts
 from llmsim.api.requests import CompletionRequest, parse_completion_request
@@ -19,6 +26,7 @@ async def completions(call: Call) -> None:
     request = parse_completion_request(call.json())
     model = ctx.resolve_model(request.model)
     prompts = completion_prompts(request.prompt, ctx.tokenizer)
+    check_job_count(ctx, len(prompts) * request.choices_per_prompt)
     max_tokens = request.requested_max_tokens
     for prompt in prompts:
         check_context_length(ctx.config.max_model_len, len(prompt.token_ids), max_tokens)

@@ -31,14 +31,12 @@ class ApiContext:
     wall_clock: Callable[[], float]  # unix seconds, for "created" fields
     started_at: float  # engine clock at start-up (for /health/ready)
     _id_rng: random.Random = attrs.field(init=False)
-    _request_counter: int = attrs.field(init=False, default=0)
 
     def __attrs_post_init__(self) -> None:
         self._id_rng = random.Random(self.config.seed)
 
     def new_request_id(self) -> str:
         """16 hex characters, like vLLM's random_uuid(); reproducible under --seed."""
-        self._request_counter += 1
         return f"{self._id_rng.getrandbits(64):016x}"
 
     def rng_for(self, request_id: str, index: int = 0) -> random.Random:

@@ -25,7 +25,7 @@ from llmsim.api.context import ApiContext, Call
 from llmsim.api.errors import ApiError
 from llmsim.api.http import Headers, ResponseStream
 from llmsim.api.sse import SSE_HEADERS, error_events
-from llmsim.engine.errors import QueueFullError
+from llmsim.engine.errors import QUEUE_FULL_MESSAGE, QueueFullError
 from llmsim.engine.job import Job, JobSink, JobState
 from llmsim.engine.scheduler import Engine
 
@@ -38,6 +38,7 @@ __all__ = [
     "StreamingSink",
     "CollectingSink",
     "build_jobs",
+    "check_job_count",
     "submitted_jobs",
     "generate_stream",
     "generate_all",
@@ -99,6 +100,15 @@ class GenerationPlan:
     @property
     def job_count(self) -> int:
         return len(self.prompts) * self.choices_per_prompt
+
+
+def check_job_count(ctx: ApiContext, job_count: int) -> None:
+    """429 at once for a request with more choices than the engine could ever hold
+    (running slots plus waiting queue), before any of them is planned: a huge ``n``
+    must not cost the server minutes of planning only to be refused."""
+    config = ctx.config
+    if job_count > config.max_num_seqs + config.max_waiting_queue_length:
+        raise ApiError(429, QUEUE_FULL_MESSAGE)
 
 
 def build_jobs(ctx: ApiContext, plan: GenerationPlan, sink: JobSink) -> list[Job]:

@@ -148,6 +148,10 @@ def _token_prompt(token_ids: tuple[int, ...], tokenizer: Tokenizer) -> Completio
     if negative is not None:
         message = f"Token id {negative} is out of vocabulary; token ids must be non-negative."
         raise ApiError(400, message, param="prompt")
+    too_large = next((t for t in token_ids if t >= tokenizer.vocab_size), None)
+    if too_large is not None:
+        message = f"Token id {too_large} is out of vocabulary; token ids go from 0 to {tokenizer.vocab_size - 1}."
+        raise ApiError(400, message, param="prompt")
     return CompletionPrompt(token_ids, tokenizer.decode(token_ids), ",".join(map(str, token_ids)))
 
 

@@ -140,3 +140,26 @@ async def test_context_length_counts_the_default_16_tokens(autojump_clock: MockC
     )
     assert fits.status == 200
     assert unset.json()["usage"]["completion_tokens"] == 15  # max_tokens null: the rest of the context
+
+
+async def test_token_ids_beyond_the_vocabulary_are_400_not_500(autojump_clock: MockClock) -> None:
+    async with running() as sim:
+        response = await post(sim, PATH, {"prompt": [1_000_000_000_000], "max_tokens": 2})
+        echoed = await post(sim, PATH, {"prompt": [[5], [2**40]], "max_tokens": 2, "echo": True, "logprobs": 1})
+    for bad in (response, echoed):
+        assert bad.status == 400, bad.body
+        error = bad.json()["error"]
+        assert error["param"] == "prompt" and "out of vocabulary" in error["message"]
+
+
+async def test_more_choices_than_the_engine_can_hold_are_429_at_once(autojump_clock: MockClock) -> None:
+    async with running(max_num_seqs=4, max_waiting_queue_length=6) as sim:
+        huge = await post(sim, PATH, {"prompt": "hi", "n": 1_000_000_000, "max_tokens": 2})
+        prompts = await post(sim, PATH, {"prompt": ["a", "b", "c", "d"], "n": 3, "max_tokens": 2})
+        fits = await post(sim, PATH, {"prompt": ["a", "b"], "n": 5, "max_tokens": 2})
+        chat = await post(sim, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 11})
+        assert sim.engine.statistics().rejected == 0  # refused before any job was built
+    for refused in (huge, prompts, chat):
+        assert refused.status == 429, refused.body
+        assert refused.json()["error"]["type"] == "RateLimitError"
+    assert fits.status == 200 and len(fits.json()["choices"]) == 10
