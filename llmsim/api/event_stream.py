@@ -31,7 +31,7 @@ from llmsim.api.generation import (
     StreamRenderer,
     submitted_jobs,
 )
-from llmsim.api.http import Headers, ResponseStream
+from llmsim.api.http import Headers
 from llmsim.api.sse import SSE_HEADERS
 from llmsim.engine.job import Job, JobSink
 
@@ -57,20 +57,10 @@ class EventStreamingSink(StreamingSink):
     """:class:`~llmsim.api.generation.StreamingSink` whose in-band error is the
     renderer's own event."""
 
-    def __init__(
-        self,
-        response: ResponseStream,
-        renderer: EventStreamRenderer,
-        job_count: int,
-        resume: Callable[[Job], None],
-    ) -> None:
-        super().__init__(response, renderer, job_count, resume)
-        self._event_renderer = renderer
+    _renderer: EventStreamRenderer
 
-    def fail(self, error: ApiError) -> None:
-        if not self._response.closed:
-            self._response.end(self._event_renderer.error(error))
-        self._end()
+    def _error_bytes(self, error: ApiError) -> bytes:
+        return self._renderer.error(error)
 
 
 async def stream_job(

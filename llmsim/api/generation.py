@@ -217,8 +217,12 @@ class StreamingSink:
     def fail(self, error: ApiError) -> None:
         """End the stream with vLLM's in-band error event (its 200 is long sent)."""
         if not self._response.closed:
-            self._response.end(error_events(error))
+            self._response.end(self._error_bytes(error))
         self._end()
+
+    def _error_bytes(self, error: ApiError) -> bytes:
+        """The in-band error event of this endpoint's stream format."""
+        return error_events(error)
 
     def _end(self) -> None:
         self._ended = True
