@@ -56,8 +56,8 @@ class ProtocolHandler(Protocol):
     def receive(self, data: bytes) -> None:
         """Bytes from the peer; ``b""`` is EOF."""
 
-    def read_timed_out(self) -> None:
-        """The read deadline passed; the reader has stopped."""
+    def read_timed_out(self) -> bool:
+        """The read deadline passed; True to keep reading (else the reader stops)."""
 
     def outgoing(self) -> bytes:
         """Everything that can be sent now (may be empty)."""

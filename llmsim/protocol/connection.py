@@ -177,9 +177,11 @@ class Connection:
                 with trio.CancelScope(deadline=self._read_deadline) as self._read_scope:
                     data = await self._receive()
                 if self._read_scope.cancelled_caught:
-                    self.handler.read_timed_out()
+                    keep_reading = self.handler.read_timed_out()
                     self.wake_writer()
-                    return
+                    if not keep_reading:
+                        return
+                    continue
                 if not data:
                     self._peer_closed()
                     return

@@ -20,7 +20,7 @@ from llmsim.api.http import HttpRequest, reason_phrase
 from llmsim.protocol.base import Transport
 from llmsim.protocol.frames import chunk, h11_sends_chunked
 from llmsim.protocol.http2 import UPGRADE_ERRORS, Http2Handler
-from llmsim.protocol.stream import OutboundStream, run_handler, split_target
+from llmsim.protocol.stream import OutboundStream, content_length, run_handler, split_target
 
 __all__ = ["Http1Handler"]
 
@@ -105,7 +105,7 @@ class Http1Handler:
             self._reject(431, f"request line and headers exceed {head_limit} bytes")
             return
         limit = self._t.settings.max_body_bytes
-        length = _content_length(request)
+        length = content_length(request.headers)
         if length is not None and length > limit:
             self._reject(
                 413, f"request body of {length} bytes exceeds the limit of {limit} bytes (max-request-body-size-mb)"
@@ -157,11 +157,12 @@ class Http1Handler:
         handler.receive(trailing)
         return True
 
-    def read_timed_out(self) -> None:
+    def read_timed_out(self) -> bool:
         if self._request is not None or self._h11.trailing_data[0]:
             self._reject(408, "timed out reading the request (header-read-timeout)")
         else:
             self._finish()  # idle keep-alive connection
+        return False
 
     # --- responses ---------------------------------------------------------------------
     def _open_response(self, *, head_only: bool = False) -> OutboundStream:
@@ -189,7 +190,7 @@ class Http1Handler:
         """HTTP/1.1 cannot abort one response: send what is buffered, then close mid-body."""
         self._render(stream, self._out)
         self.connection_lost()
-        self._t.wake_writer()
+        self._finish()
 
     def outgoing(self) -> bytes:
         stream = self._response
@@ -296,11 +297,6 @@ def _header(head: h11.Request, name: bytes) -> bytes | None:
         if key == name:
             return value
     return None
-
-
-def _content_length(head: h11.Request) -> int | None:
-    value = _header(head, b"content-length")
-    return None if value is None else int(value)  # h11 has validated it
 
 
 def _wants_h2c(head: h11.Request, body: bytes) -> bool:

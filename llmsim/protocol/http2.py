@@ -33,7 +33,7 @@ from hyperframe.frame import GoAwayFrame
 from llmsim.api.http import HttpRequest
 from llmsim.protocol.base import Transport
 from llmsim.protocol.frames import DATA_HEADER, send_data, sendable_stream
-from llmsim.protocol.stream import OutboundStream, run_handler, split_target
+from llmsim.protocol.stream import OutboundStream, content_length, run_handler, split_target
 
 __all__ = ["Http2Handler", "Http2Stream", "UPGRADE_ERRORS"]
 
@@ -176,6 +176,10 @@ class Http2Handler:
         self._prefix = preamble  # raw bytes ahead of h2's own: the 101, our GOAWAY
         self._closing = False
         self._finished = False
+        self._body_bytes = 0  # request-body bytes buffered on all streams
+        self._receiving = 0  # streams whose request is still arriving (head, handler not started)
+        self._body_deadline = math.inf  # the read deadline while some stream is receiving
+        self._refresh_body_deadline = False  # a request head or DATA arrived: move it on
         self._dispatch: dict[type[h2.events.Event], Callable[[Any], None]] = {
             h2.events.RequestReceived: self._on_request,
             h2.events.DataReceived: self._on_data,
@@ -196,6 +200,7 @@ class Http2Handler:
         """Answer the HTTP/1.1 request that asked for ``Upgrade: h2c`` as stream 1."""
         stream = self._open_stream(1, request)
         self._start_handler(stream)
+        self._update_read_deadline()
 
     # --- input -------------------------------------------------------------------------
     def receive(self, data: bytes) -> None:
@@ -213,6 +218,7 @@ class Http2Handler:
                 handler = dispatch.get(type(event))
                 if handler is not None:
                     handler(event)
+            self._update_read_deadline()
         self._t.wake_writer()
 
     def _on_request(self, event: h2.events.RequestReceived) -> None:
@@ -222,7 +228,7 @@ class Http2Handler:
             return
         assert event.headers is not None
         stream = self._open_stream(sid, self._request_head(event.headers))
-        length = _content_length(event.headers)
+        length = content_length(event.headers)
         if length is not None and length > self._t.settings.max_body_bytes:
             self._refuse_body(stream)
 
@@ -235,7 +241,10 @@ class Http2Handler:
             return  # refused, or already answered
         stream.body.append(event.data)
         stream.body_size += len(event.data)
-        if stream.body_size > self._t.settings.max_body_bytes:
+        self._body_bytes += len(event.data)
+        self._refresh_body_deadline = True
+        limit = self._t.settings.max_body_bytes
+        if stream.body_size > limit or self._body_bytes > limit * 4:
             self._refuse_body(stream)
 
     def _on_stream_ended(self, event: h2.events.StreamEnded) -> None:
@@ -249,10 +258,9 @@ class Http2Handler:
 
     def _on_stream_reset(self, event: h2.events.StreamReset) -> None:
         assert event.stream_id is not None
-        stream = self._streams.pop(event.stream_id, None)
+        stream = self._streams.get(event.stream_id)
         if stream is not None:
-            self._closed()
-            stream.abort()
+            self._drop(stream)
 
     def _on_window_updated(self, event: h2.events.WindowUpdated) -> None:
         # Stream 0 (the connection window): the streams it stopped are still queued.
@@ -273,11 +281,23 @@ class Http2Handler:
         self._abort_streams()
         self._finished = True
 
-    def read_timed_out(self) -> None:
-        """Idle for the keep-alive timeout with no stream open."""
-        if not self._finished:
-            self._h2.close_connection(last_stream_id=self._h2.highest_inbound_stream_id)
-            self._finished = True
+    def read_timed_out(self) -> bool:
+        """Either a request body stalled for the header-read timeout (its streams are
+        reset with CANCEL, and reading goes on), or the connection was idle for the
+        keep-alive timeout with no stream open (GOAWAY, then close)."""
+        if self._finished:
+            return False
+        if self._receiving:
+            stalled = [stream for stream in self._streams.values() if stream.request is not None]
+            for stream in stalled:
+                log.debug("HTTP/2 stream %d: request body timed out (header-read-timeout)", stream.stream_id)
+                self._h2.reset_stream(stream.stream_id, ErrorCodes.CANCEL)
+                self._drop(stream)
+            self._update_read_deadline()
+            return not self._finished
+        self._h2.close_connection(last_stream_id=self._h2.highest_inbound_stream_id)
+        self._finished = True
+        return False
 
     # --- streams -----------------------------------------------------------------------
     def _request_head(self, headers: list[tuple[bytes, bytes]]) -> HttpRequest:
@@ -312,22 +332,51 @@ class Http2Handler:
             request=request,
         )
         self._streams[stream_id] = stream
+        self._receiving += 1
+        self._refresh_body_deadline = True
         self._t.tracker.stream_opened()
-        self._t.set_read_deadline(math.inf)
         return stream
 
     def _start_handler(self, stream: Http2Stream) -> None:
         assert stream.request is not None
         request = attrs.evolve(stream.request, body=b"".join(stream.body)) if stream.body else stream.request
-        stream.request = None
-        stream.body = []
+        self._release(stream)
         self._t.spawn(run_handler, self._t.app, request, stream)
 
     def _refuse_body(self, stream: Http2Stream) -> None:
         limit = self._t.settings.max_body_bytes
-        stream.body = []
+        self._release(stream)
         stream.reset_when_done = True
         stream.respond_error(413, f"request body exceeds the limit of {limit} bytes (max-request-body-size-mb)")
+
+    def _release(self, stream: Http2Stream) -> None:
+        """``stream`` no longer receives its request: forget its head and buffered body."""
+        if stream.request is not None:
+            stream.request = None
+            self._receiving -= 1
+        if stream.body:
+            self._body_bytes -= stream.body_size
+            stream.body = []
+
+    def _drop(self, stream: Http2Stream) -> None:
+        """Forget ``stream`` (reset, or failed) and abort its handler."""
+        if self._streams.pop(stream.stream_id, None) is not None:
+            self._release(stream)
+            self._closed()
+        stream.abort()
+
+    def _update_read_deadline(self) -> None:
+        """While a request is still arriving, reading may pause at most the header-read
+        timeout (moved on by each request head and DATA frame); with streams open and
+        none receiving, there is no deadline; with none open, the keep-alive one (set by
+        :meth:`_closed`) stays."""
+        if self._receiving:
+            if self._refresh_body_deadline:
+                self._body_deadline = trio.current_time() + self._t.settings.header_read_timeout
+            self._t.set_read_deadline(self._body_deadline)
+        elif self._streams:
+            self._t.set_read_deadline(math.inf)
+        self._refresh_body_deadline = False
 
     def _closed(self) -> None:
         """A stream has just left ``self._streams``."""
@@ -345,6 +394,7 @@ class Http2Handler:
         streams = list(self._streams.values())
         self._streams.clear()
         for stream in streams:
+            self._release(stream)
             self._t.tracker.stream_closed()
             stream.abort()
 
@@ -356,10 +406,9 @@ class Http2Handler:
             self._t.wake_writer()
 
     def fail(self, stream: OutboundStream) -> None:
-        if self._streams.pop(stream.stream_id, None) is not None:
+        if stream.stream_id in self._streams:
             self._h2.reset_stream(stream.stream_id, ErrorCodes.INTERNAL_ERROR)
-            self._closed()
-            stream.abort()
+            self._drop(stream)  # type: ignore[arg-type]
             self._t.wake_writer()
 
     # --- output ------------------------------------------------------------------------
@@ -392,9 +441,7 @@ class Http2Handler:
             self._send_frames(stream, out)
         except h2.exceptions.StreamClosedError:
             # h2 closed the stream itself (a stream error by the client).
-            if self._streams.pop(stream.stream_id, None) is not None:
-                self._closed()
-            stream.abort()
+            self._drop(stream)
             out.append(self._h2.data_to_send())
 
     def _send_frames(self, stream: Http2Stream, out: list[bytes]) -> None:
@@ -514,10 +561,3 @@ def _response_headers(status: int, headers: tuple[tuple[bytes, bytes], ...]) -> 
         if name not in _HOP_BY_HOP:
             result.append((name, value))
     return result
-
-
-def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
-    for name, value in headers:
-        if name == b"content-length":
-            return int(value)  # h2 has validated it
-    return None

@@ -13,7 +13,7 @@ object and nothing about the stream remains anywhere else.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 import attrs
@@ -22,7 +22,7 @@ import trio
 from llmsim.api.errors import JSON_HEADERS, error_body
 from llmsim.api.http import Application, Headers, HttpRequest
 
-__all__ = ["OutboundStream", "StreamHost", "run_handler", "split_target"]
+__all__ = ["OutboundStream", "StreamHost", "content_length", "run_handler", "split_target"]
 
 log = logging.getLogger("llmsim.protocol")
 
@@ -228,3 +228,12 @@ def split_target(target: bytes) -> tuple[str, str]:
         target = b"/" + target.split(b"://", 1)[1].partition(b"/")[2]
     path, _, query = target.partition(b"?")
     return path.decode("latin-1"), query.decode("latin-1")
+
+
+def content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
+    """The ``content-length`` of lower-cased request headers already validated (by h11
+    or h2), or None if there is none."""
+    for name, value in headers:
+        if name == b"content-length":
+            return int(value)
+    return None

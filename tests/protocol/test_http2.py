@@ -271,3 +271,67 @@ async def test_idle_connection_gets_goaway_after_the_keep_alive_timeout(autojump
         await client.wait_for_eof()
         assert trio.current_time() - answered == 9.0
     assert [g.error_code for g in client.goaways] == [ErrorCodes.NO_ERROR]
+
+
+async def test_request_bodies_beyond_the_connection_cap_are_413() -> None:
+    app = TestApp()
+    async with open_memory_connection(app, settings(max_body_bytes=1000)) as mc:
+        client = H2Client(mc.client)
+        await client.start()
+        head = [(b":method", b"POST"), (b":path", b"/echo"), (b":scheme", b"http"), (b":authority", b"t")]
+        sids = []
+        for _ in range(6):  # 900 bytes each, never ended: 4 fit the cap of 4000, the 5th and 6th do not
+            sid = client.conn.get_next_available_stream_id()
+            client.conn.send_headers(sid, head)
+            client.conn.send_data(sid, b"x" * 900)
+            await client.flush()
+            client.records[sid] = StreamRecord()
+            sids.append(sid)
+        kept, refused = sids[:4], sids[4:]
+        await client.wait_until(lambda: all(client.records[sid].done for sid in refused))
+        for sid in refused:
+            record = client.records[sid]
+            assert record.headers is not None and record.headers[b":status"] == b"413"
+            assert record.ended and record.reset == ErrorCodes.NO_ERROR
+        await trio.testing.wait_all_tasks_blocked()
+        assert not any(client.records[sid].done for sid in kept)
+        for sid in kept:
+            client.conn.end_stream(sid)
+        await client.flush()
+        for sid in kept:
+            record = await client.response(sid)
+            assert record.headers is not None and record.headers[b":status"] == b"200"
+            assert json.loads(record.body)["body"] == "x" * 900
+        later = await client.response(await client.request("/echo", method="POST", body=b"y" * 900))
+        stats = mc.tracker.statistics()
+    assert later.headers is not None and later.headers[b":status"] == b"200"
+    assert (stats.open_connections, stats.active_streams) == (1, 0)
+    assert len(app.requests) == 5
+
+
+async def test_a_stalled_request_body_is_reset_after_the_header_read_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app = TestApp()
+    async with open_memory_connection(app, settings(header_read_timeout=5.0, keep_alive_timeout=60.0)) as mc:
+        client = H2Client(mc.client)
+        await client.start()
+        sid = client.conn.get_next_available_stream_id()
+        client.conn.send_headers(
+            sid, [(b":method", b"POST"), (b":path", b"/echo"), (b":scheme", b"http"), (b":authority", b"t")]
+        )
+        client.conn.send_data(sid, b"partial")
+        await client.flush()
+        client.records[sid] = record = StreamRecord()
+        await trio.testing.wait_all_tasks_blocked()
+        assert mc.tracker.statistics().active_streams == 1
+        sent = trio.current_time()
+        await client.wait_until(lambda: record.done)
+        assert trio.current_time() - sent == 5.0
+        assert record.reset == ErrorCodes.CANCEL and record.headers is None
+        await trio.testing.wait_all_tasks_blocked()
+        assert mc.tracker.statistics().active_streams == 0
+        later = await client.response(await client.request("/echo", method="POST", body=b"ok"))
+    assert later.headers is not None and later.headers[b":status"] == b"200"
+    assert json.loads(later.body)["body"] == "ok"
+    assert not client.goaways and [r.path for r in app.requests] == ["/echo"]
