@@ -1,4 +1,5 @@
-"""Hand-built framing for the per-token path: HTTP/2 DATA frames and HTTP/1.1 chunks.
+"""Hand-built framing for the per-token path: HTTP/2 DATA frames and HTTP/1.1 chunks,
+and the response HEADERS of each HTTP/2 stream.
 
 Why: h2's ``send_data`` builds a hyperframe ``DataFrame`` (with its ``Flags`` set and
 ``Padding`` mixin), runs two state machines, logs twice and serializes, for every frame;
@@ -24,10 +25,19 @@ has no effect in the states we send from, and we do the rest ourselves exactly a
   (h2 updates that when the peer's MAX_FRAME_SIZE setting is acknowledged).
 * No padding, so ``flow_controlled_length`` is the payload length.
 
+The response head (:func:`send_headers`) goes the same way: h2's ``send_headers``
+transitions its state machines, copies and scans the header list, builds validation
+flags, a ``HeadersFrame`` and a ``Flags`` set, and serializes, about 8 % of the
+server's CPU time at one short response per request.  Here the stream's ``SEND_HEADERS``
+(and ``SEND_END_STREAM``) still go through h2's state machine, the block is encoded by
+the connection's own HPACK encoder as h2 would (its outbound normalization and
+validation are off in llmsim's configuration), and split at the stream's
+``max_outbound_frame_size`` into HEADERS and CONTINUATION frames as h2 splits it.
+
 ``tests/protocol/test_fastpath_frames.py`` checks this against h2 itself: the same
 sequence of writes, window updates and settings sent through h2's ``send_data`` and
 through here leaves identical windows and states, and a client H2Connection parses
-every frame.
+every frame (and ``tests/protocol/test_http2_header_validation.py`` the HEADERS).
 
 HTTP/1.1 chunks (:func:`chunk`) are h11's ``ChunkedWriter`` output written directly:
 once h11 has sent the response head and chose chunked framing, a ``Data`` event changes
@@ -42,12 +52,23 @@ import h2.connection
 import h2.stream
 from h2.connection import ConnectionState
 from h2.stream import StreamInputs, StreamState
+from h2.utilities import extract_method_header
 
-__all__ = ["DATA_HEADER", "END_STREAM_FLAG", "chunk", "data_frames", "h11_sends_chunked", "send_data", "sendable_stream"]
+__all__ = [
+    "DATA_HEADER",
+    "END_STREAM_FLAG",
+    "chunk",
+    "data_frames",
+    "h11_sends_chunked",
+    "send_data",
+    "send_headers",
+    "sendable_stream",
+]
 
-#: A DATA frame header: 24-bit length (as 16 + 8 bits), type 0x0, flags, stream id (RFC 9113 4.1).
+#: A frame header: 24-bit length (as 16 + 8 bits), type (0x0 for DATA), flags, stream id (RFC 9113 4.1).
 DATA_HEADER = struct.Struct(">HBBBL")
 END_STREAM_FLAG = 0x1
+_HEADERS, _CONTINUATION, _END_HEADERS = 0x1, 0x9, 0x4
 
 # Module globals, compared by identity: enum attribute lookups and Enum.__hash__ are
 # Python-level calls, too slow for a path taken once per stream per engine step.
@@ -55,6 +76,7 @@ _SERVER_OPEN = ConnectionState.SERVER_OPEN
 _OPEN = StreamState.OPEN
 _HALF_CLOSED_REMOTE = StreamState.HALF_CLOSED_REMOTE
 _SEND_END_STREAM = StreamInputs.SEND_END_STREAM
+_SEND_HEADERS = StreamInputs.SEND_HEADERS
 _PACK_HEADER = DATA_HEADER.pack
 
 
@@ -122,6 +144,48 @@ def send_data(
         out.append(_PACK_HEADER(0, 0, 0, END_STREAM_FLAG if end_stream else 0, stream.stream_id))
     if end_stream:
         stream.state_machine.process_input(_SEND_END_STREAM)
+
+
+def send_headers(
+    out: list[bytes],
+    conn: h2.connection.H2Connection,
+    stream: h2.stream.H2Stream,
+    headers: list[tuple[bytes, bytes]],
+    end_stream: bool,
+) -> None:
+    """Send the response head ``headers`` (``:status`` first, not 1xx) on ``stream``,
+    which :func:`sendable_stream` returned and which has sent no HEADERS yet, as h2's
+    ``send_headers`` would: frames appended to ``out``, the stream's state machine and
+    ``request_method`` updated.
+
+    (An informational head or trailers take other state transitions: leave them to h2.)
+    """
+    stream.state_machine.process_input(_SEND_HEADERS)
+    max_frame = stream.max_outbound_frame_size
+    assert max_frame is not None  # set by the connection as it creates the stream
+    _header_frames(out, stream.stream_id, conn.encoder.encode(headers), max_frame, end_stream)
+    if end_stream:
+        stream.state_machine.process_input(_SEND_END_STREAM)
+    stream.request_method = extract_method_header(headers)
+
+
+def _header_frames(out: list[bytes], stream_id: int, block: bytes, max_frame: int, end_stream: bool) -> None:
+    """Append the HEADERS frame, and CONTINUATION frames if ``block`` exceeds
+    ``max_frame``, that carry ``block``: END_STREAM on the first, END_HEADERS on the last."""
+    size = len(block)
+    flags = END_STREAM_FLAG if end_stream else 0
+    if size <= max_frame:
+        out.append(_PACK_HEADER(size >> 8, size & 0xFF, _HEADERS, flags | _END_HEADERS, stream_id))
+        out.append(block)
+        return
+    out.append(_PACK_HEADER(max_frame >> 8, max_frame & 0xFF, _HEADERS, flags, stream_id))
+    out.append(block[:max_frame])
+    for offset in range(max_frame, size, max_frame):
+        payload = block[offset : offset + max_frame]
+        length = len(payload)
+        last = offset + max_frame >= size
+        out.append(_PACK_HEADER(length >> 8, length & 0xFF, _CONTINUATION, _END_HEADERS if last else 0, stream_id))
+        out.append(payload)
 
 
 # --- HTTP/1.1 ------------------------------------------------------------------------

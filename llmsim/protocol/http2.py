@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
-import h2.config
 import h2.connection
 import h2.events
 import h2.exceptions
@@ -26,31 +25,20 @@ import h2.stream
 import trio
 from h2.connection import ConnectionState
 from h2.errors import ErrorCodes
-from h2.settings import SettingCodes, Settings
+from h2.settings import SettingCodes
 from h2.stream import StreamState
 from hyperframe.frame import GoAwayFrame
 
 from llmsim.api.http import HttpRequest
 from llmsim.protocol.base import Transport
-from llmsim.protocol.frames import DATA_HEADER, send_data, sendable_stream
-from llmsim.protocol.stream import OutboundStream, content_length, run_handler, split_target
+from llmsim.protocol.frames import DATA_HEADER, send_data, send_headers, sendable_stream
+from llmsim.protocol.h2_headers import request_head, response_headers, server_connection
+from llmsim.protocol.stream import OutboundStream, content_length, run_handler
 
-__all__ = ["Http2Handler", "Http2Stream", "UPGRADE_ERRORS"]
+__all__ = ["UPGRADE_ERRORS", "Http2Handler", "Http2Stream"]
 
 log = logging.getLogger("llmsim.protocol")
 
-# Inbound headers are validated; outbound ones are ours, lower-cased and filtered by
-# _response_headers, so h2 need not check them again (about a fifth of its CPU time).
-_H2_CONFIG = h2.config.H2Configuration(
-    client_side=False,
-    header_encoding=None,
-    validate_outbound_headers=False,
-    normalize_outbound_headers=False,
-)
-#: What h2 is told the stream limit is: we enforce the advertised one ourselves.
-_UNLIMITED_STREAMS = 2**31 - 1
-#: Connection-specific headers that must not appear in HTTP/2 (RFC 9113 section 8.2.2).
-_HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"})
 _PACK_DATA_HEADER = DATA_HEADER.pack
 _SERVER_OPEN = ConnectionState.SERVER_OPEN
 _OPEN = StreamState.OPEN
@@ -104,60 +92,6 @@ class Http2Stream(OutboundStream):
         return True
 
 
-class _H2Connection(h2.connection.H2Connection):
-    """h2's connection, with the open-stream count it takes on every new stream made cheap.
-
-    On each HEADERS that opens a stream, h2 counts the open inbound streams to enforce
-    MAX_CONCURRENT_STREAMS, walking every stream it holds (and forgetting the closed
-    ones as it goes): O(streams) per request, about 0.15 ms at 500 streams on one
-    connection.  llmsim lifts h2's limit and refuses with REFUSED_STREAM by its own
-    count (see :func:`_connection`), so the number is never compared with anything
-    that matters.  Here the walk runs only once the table has doubled since the last
-    one, so closed streams are still forgotten (at most about as many linger as are
-    open, plus 64), in amortized O(1); in between, the table size is returned, an
-    upper bound of the true count.  Nothing on the wire changes.
-    """
-
-    _next_walk = 64
-
-    @property
-    def open_inbound_streams(self) -> int:
-        if len(self.streams) < self._next_walk:
-            return len(self.streams)
-        count = super().open_inbound_streams
-        self._next_walk = max(64, 2 * len(self.streams))
-        return count
-
-
-def _connection(
-    settings_limit: int, max_header_bytes: int, upgrade_settings: bytes | None
-) -> h2.connection.H2Connection:
-    """A server connection whose first SETTINGS advertise ``settings_limit`` streams.
-
-    h2 treats a HEADERS frame beyond MAX_CONCURRENT_STREAMS as a *connection* error.
-    RFC 9113 section 5.1.2 wants a stream error (REFUSED_STREAM), so once the SETTINGS
-    frame is serialized h2's own limit is lifted and :class:`Http2Handler` refuses.
-    """
-    conn = _H2Connection(config=_H2_CONFIG)
-
-    def local_settings(limit: int) -> Settings:
-        return Settings(
-            client=False,
-            initial_values={
-                SettingCodes.MAX_CONCURRENT_STREAMS: limit,
-                SettingCodes.MAX_HEADER_LIST_SIZE: max_header_bytes,
-            },
-        )
-
-    conn.local_settings = local_settings(settings_limit)
-    if upgrade_settings is None:
-        conn.initiate_connection()
-    else:
-        conn.initiate_upgrade_connection(upgrade_settings)
-    conn.local_settings = local_settings(_UNLIMITED_STREAMS)
-    return conn
-
-
 class Http2Handler:
     """The HTTP/2 side of one connection (prior knowledge, ALPN ``h2`` or ``h2c`` upgrade)."""
 
@@ -168,7 +102,7 @@ class Http2Handler:
         ``HTTP2-Settings`` header) cannot be decoded; nothing has happened then.
         """
         settings = transport.settings
-        self._h2 = _connection(settings.max_concurrent_streams, settings.max_header_bytes, upgrade_settings)
+        self._h2 = server_connection(settings.max_concurrent_streams, settings.max_header_bytes, upgrade_settings)
         self._t = transport
         self._streams: dict[int, Http2Stream] = {}
         self._ready: deque[Http2Stream] = deque()
@@ -227,7 +161,7 @@ class Http2Handler:
             self._h2.reset_stream(sid, ErrorCodes.REFUSED_STREAM)
             return
         assert event.headers is not None
-        stream = self._open_stream(sid, self._request_head(event.headers))
+        stream = self._open_stream(sid, request_head(event.headers, self._t.scheme))
         length = content_length(event.headers)
         if length is not None and length > self._t.settings.max_body_bytes:
             self._refuse_body(stream)
@@ -300,27 +234,6 @@ class Http2Handler:
         return False
 
     # --- streams -----------------------------------------------------------------------
-    def _request_head(self, headers: list[tuple[bytes, bytes]]) -> HttpRequest:
-        pseudo: dict[bytes, bytes] = {}
-        regular: list[tuple[bytes, bytes]] = []
-        for name, value in headers:
-            if name.startswith(b":"):
-                pseudo[name] = value
-            else:
-                regular.append((name, value))
-        authority = pseudo.get(b":authority")
-        if authority is not None and not any(name == b"host" for name, _ in regular):
-            regular.append((b"host", authority))
-        path, query = split_target(pseudo.get(b":path", b"/"))
-        return HttpRequest(
-            method=pseudo.get(b":method", b"GET").decode("ascii", "replace"),
-            path=path,
-            query=query,
-            headers=tuple(regular),
-            http_version="2",
-            scheme=pseudo.get(b":scheme", self._t.scheme.encode()).decode("ascii", "replace"),
-        )
-
     def _open_stream(self, stream_id: int, request: HttpRequest) -> Http2Stream:
         settings = self._t.settings
         stream = Http2Stream(
@@ -448,11 +361,7 @@ class Http2Handler:
         h2conn = self._h2
         sid = stream.stream_id
         if stream.head_pending:
-            status, headers = stream.take_head()
-            end = stream.ended and not stream.buffered
-            h2conn.send_headers(sid, _response_headers(status, headers), end_stream=end)
-            out.append(h2conn.data_to_send())
-            if end:
+            if self._send_head(stream, out):
                 self._done(stream, out)
                 return
             stream.h2stream = h2conn.streams.get(sid)
@@ -485,6 +394,21 @@ class Http2Handler:
         else:  # ended, everything sent: an empty DATA frame with END_STREAM
             send_data(out, h2conn, h2stream, b"", True)
             self._done(stream, out)
+
+    def _send_head(self, stream: Http2Stream, out: list[bytes]) -> bool:
+        """Send ``stream``'s HEADERS (by hand, or through h2 where h2 would do more than
+        send them); return whether they ended the stream."""
+        h2conn = self._h2
+        status, headers = stream.take_head()
+        end = stream.ended and not stream.buffered
+        fields = response_headers(status, headers)
+        h2stream = sendable_stream(h2conn, stream.stream_id)
+        if h2stream is None or fields[0][1].startswith(b"1"):  # 1xx: h2's informational path
+            h2conn.send_headers(stream.stream_id, fields, end_stream=end)  # raises what h2 raises here
+            out.append(h2conn.data_to_send())
+        else:
+            send_headers(out, h2conn, h2stream, fields, end)
+        return end
 
     def _send_through_h2(self, stream: Http2Stream, out: list[bytes]) -> None:
         """h2's own per-frame path, for the states :func:`sendable_stream` leaves to h2."""
@@ -552,12 +476,3 @@ class Http2Handler:
         if not self._streams:
             self._finished = True
         self._t.wake_writer()
-
-
-def _response_headers(status: int, headers: tuple[tuple[bytes, bytes], ...]) -> list[tuple[bytes, bytes]]:
-    result = [(b":status", b"%d" % status)]
-    for name, value in headers:
-        name = name.lower()
-        if name not in _HOP_BY_HOP:
-            result.append((name, value))
-    return result
