@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import attrs
 
 from llmsim.api.logprobs_format import ChatLogprobs
-from llmsim.api.sse import DONE_EVENT, escape, escape_uncached, json_bytes
+from llmsim.api.sse import DONE_EVENT, chunk_head, escape, escape_uncached, json_bytes
 from llmsim.api.turns import Block
 from llmsim.api.usage import Usage
 from llmsim.engine.job import Job, JobState
@@ -65,9 +65,15 @@ class _CallChunks:
         opens: list[bytes] = []
         for k, call in enumerate(calls):
             headers[call.start] = (
-                choice_head + b',"delta":{"tool_calls":[{"id":' + json_bytes(call.call_id)
-                + b',"type":"function","index":' + str(k).encode() + b',"function":{"name":'
-                + json_bytes(call.name) + b'}}]},"logprobs":null' + _CHUNK_TAIL
+                choice_head
+                + b',"delta":{"tool_calls":[{"id":'
+                + json_bytes(call.call_id)
+                + b',"type":"function","index":'
+                + str(k).encode()
+                + b',"function":{"name":'
+                + json_bytes(call.name)
+                + b'}}]},"logprobs":null'
+                + _CHUNK_TAIL
             )
             opens.extend([choice_head + _CALL_OPEN + str(k).encode() + _ARGUMENTS_OPEN] * (call.stop - call.start))
         return cls(headers, tuple(opens))
@@ -93,22 +99,29 @@ class ChatStreamRenderer:
         tool_calls: Sequence[Sequence[Block]] | None = None,
         logprobs: ChatLogprobs | None = None,
     ) -> None:
-        head = (
-            b'data: {"id":' + json_bytes(response_id) + b',"object":"chat.completion.chunk","created":'
-            + str(created).encode() + b',"model":' + json_bytes(model) + b","
-        )
-        self._choice_heads = [head + b'"choices":[{"index":' + str(i).encode() for i in range(choices)]
-        self._token_opens = [choice_head + _CONTENT_OPEN for choice_head in self._choice_heads]
-        self._token_joiners = [_TOKEN_CLOSE + token_open for token_open in self._token_opens]
+        head = chunk_head(response_id, b'"chat.completion.chunk"', created, model)
+        # One plain loop, not a comprehension per list: this runs once per request.
+        self._choice_heads: list[bytes] = []
+        self._token_opens: list[bytes] = []
+        self._token_joiners: list[bytes] = []
+        for i in range(choices):
+            choice_head = head + b'"choices":[{"index":' + str(i).encode()
+            self._choice_heads.append(choice_head)
+            self._token_opens.append(choice_head + _CONTENT_OPEN)
+            self._token_joiners.append(_TOKEN_CLOSE + choice_head + _CONTENT_OPEN)
         self._usage_head = head + b'"choices":[],"usage":'
         self._include_usage = include_usage
         self._echo = None if echo is None else escape_uncached(echo)
-        per_choice = tool_calls or [()] * choices
-        self._calls = [
-            _CallChunks.of(head, calls) if calls else None for head, calls in zip(self._choice_heads, per_choice)
-        ]
+        self._calls = None if tool_calls is None else self._call_chunks(tool_calls)
         self._logprobs = logprobs
         self._plain = tool_calls is None and logprobs is None  # every chunk a bare text token
+
+    def _call_chunks(self, tool_calls: Sequence[Sequence[Block]]) -> list[_CallChunks | None]:
+        """Per choice, its pre-rendered tool-call chunks (None: it answers with text)."""
+        return [
+            _CallChunks.of(choice_head, calls) if calls else None
+            for choice_head, calls in zip(self._choice_heads, tool_calls)
+        ]
 
     def render(self, job: Job, start: int, stop: int) -> bytes:
         """The events for ``job.output[start:stop]``: the role chunk (and the echoed
@@ -132,7 +145,8 @@ class ChatStreamRenderer:
         if self._plain:
             pieces = [escape(piece) for piece in job.output[start:stop]]
             return self._token_opens[index] + self._token_joiners[index].join(pieces) + _TOKEN_CLOSE
-        calls, logprobs = self._calls[index], self._logprobs
+        calls = None if self._calls is None else self._calls[index]
+        logprobs = self._logprobs
         chunks = []
         for position in range(start, stop):
             piece = escape(job.output[position])

@@ -21,7 +21,7 @@ from llmsim.api.turns import TOOL_CALL, Block, TurnPlan, output_cap, plan_text, 
 from llmsim.engine.tools import ToolChoice, ToolSchemaError, ToolSpec
 from llmsim.engine.tools import plan_tool_calls as choose_calls
 
-__all__ = ["tool_specs", "plan_choices", "call_blocks", "tool_call_id"]
+__all__ = ["call_blocks", "plan_choices", "tool_call_id", "tool_specs"]
 
 
 def tool_specs(tools: Sequence[ChatTool] | None) -> list[ToolSpec]:

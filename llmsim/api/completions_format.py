@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from llmsim.api.logprobs_format import CompletionLogprobs
-from llmsim.api.sse import DONE_EVENT, escape, escape_uncached, json_bytes
+from llmsim.api.sse import DONE_EVENT, chunk_head, escape, escape_uncached, json_bytes
 from llmsim.api.usage import Usage
 from llmsim.engine.job import Job, JobState
 
@@ -48,12 +48,14 @@ class CompletionStreamRenderer:
         echo_prompts: Sequence[str] | None = None,
         logprobs: CompletionLogprobs | None = None,
     ) -> None:
-        head = (
-            b'data: {"id":' + json_bytes(response_id) + b',"object":"text_completion","created":'
-            + str(created).encode() + b',"model":' + json_bytes(model) + b","
-        )
-        self._text_opens = [head + b'"choices":[{"index":' + str(i).encode() + _TEXT_OPEN for i in range(choices)]
-        self._text_joiners = [_TOKEN_CLOSE + text_open for text_open in self._text_opens]
+        head = chunk_head(response_id, b'"text_completion"', created, model)
+        # One plain loop, not a comprehension per list: this runs once per request.
+        self._text_opens: list[bytes] = []
+        self._text_joiners: list[bytes] = []
+        for i in range(choices):
+            text_open = head + b'"choices":[{"index":' + str(i).encode() + _TEXT_OPEN
+            self._text_opens.append(text_open)
+            self._text_joiners.append(_TOKEN_CLOSE + text_open)
         self._usage_head = head + b'"choices":[],"usage":'
         self._choices_per_prompt = choices_per_prompt
         self._include_usage = include_usage

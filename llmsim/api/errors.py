@@ -11,12 +11,12 @@ from __future__ import annotations
 import orjson
 
 __all__ = [
-    "ApiError",
-    "error_body",
-    "anthropic_error_body",
-    "openai_error_type",
-    "anthropic_error_type",
     "JSON_HEADERS",
+    "ApiError",
+    "anthropic_error_body",
+    "anthropic_error_type",
+    "error_body",
+    "openai_error_type",
 ]
 
 JSON_HEADERS: tuple[tuple[bytes, bytes], ...] = ((b"content-type", b"application/json"),)

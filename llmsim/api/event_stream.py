@@ -29,7 +29,7 @@ from llmsim.api.generation import (
     CollectingSink,
     StreamingSink,
     StreamRenderer,
-    submitted_jobs,
+    SubmittedJobs,
 )
 from llmsim.api.http import Headers
 from llmsim.api.sse import SSE_HEADERS
@@ -77,7 +77,7 @@ async def stream_job(
 
     sink = EventStreamingSink(call.response, renderer, 1, resume)
     job = make_job(sink)
-    with submitted_jobs(ctx.engine, (job,), ctx.clock):
+    with SubmittedJobs(ctx.engine, (job,), ctx.clock):
         call.response.start(200, (*SSE_HEADERS, *headers))
         head = renderer.head()
         if head:
@@ -91,6 +91,6 @@ async def collect_job(call: Call, make_job: Callable[[JobSink], Job]) -> Job:
     ctx = call.ctx
     sink = CollectingSink(1)
     job = make_job(sink)
-    with submitted_jobs(ctx.engine, (job,), ctx.clock):
+    with SubmittedJobs(ctx.engine, (job,), ctx.clock):
         await sink.done.wait()
     return job

@@ -14,8 +14,7 @@ every unfinished job in the engine at once, freeing their slots.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import attrs
@@ -30,18 +29,18 @@ from llmsim.engine.job import Job, JobSink, JobState
 from llmsim.engine.scheduler import Engine
 
 __all__ = [
-    "RequestIdentity",
-    "PromptPlan",
-    "PlannedOutput",
+    "CollectingSink",
     "GenerationPlan",
+    "PlannedOutput",
+    "PromptPlan",
+    "RequestIdentity",
     "StreamRenderer",
     "StreamingSink",
-    "CollectingSink",
+    "SubmittedJobs",
     "build_jobs",
     "check_job_count",
-    "submitted_jobs",
-    "generate_stream",
     "generate_all",
+    "generate_stream",
 ]
 
 log = logging.getLogger("llmsim.api")
@@ -226,6 +225,11 @@ class StreamingSink:
 
     def _end(self) -> None:
         self._ended = True
+        # The jobs point back at this sink: holding them would leave the request's
+        # whole object graph (response stream included) in a reference cycle, for the
+        # cycle collector to find; once the stream ended they are needed no more.
+        self._finished = []
+        self._paused = []
         self.done.set()
 
     def _finish(self, job: Job, data: bytes) -> None:
@@ -248,23 +252,45 @@ class StreamingSink:
                 self._resume(job)
 
 
-@contextmanager
-def submitted_jobs(engine: Engine, jobs: Sequence[Job], clock: Callable[[], float]) -> Iterator[None]:
-    """Submit every job, all or none: a full queue is a 429.  On exit, however it
-    happens, every job that has not finished is cancelled (freeing its slot)."""
-    try:
-        now = clock()
+class SubmittedJobs:
+    """``with SubmittedJobs(engine, jobs, clock):`` submits every job, all or none: a
+    full queue is a 429.  On exit, however it happens, every job that has not finished
+    is cancelled (freeing its slot).
+
+    A class rather than a generator-based ``@contextmanager``: it runs once per
+    request, and the generator machinery cost more than the submitting.
+    """
+
+    __slots__ = ("_clock", "_engine", "_jobs")
+
+    def __init__(self, engine: Engine, jobs: Sequence[Job], clock: Callable[[], float]) -> None:
+        self._engine = engine
+        self._jobs = jobs
+        self._clock = clock
+
+    def __enter__(self) -> None:
         try:
-            for job in jobs:
-                engine.submit(job, now)
+            self._submit()
+        except BaseException:
+            self._cancel_unfinished()
+            raise
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._cancel_unfinished()
+
+    def _submit(self) -> None:
+        submit, now = self._engine.submit, self._clock()
+        try:
+            for job in self._jobs:
+                submit(job, now)
         except QueueFullError as exc:
             raise ApiError(429, str(exc)) from None
-        yield
-    finally:
-        now = clock()
-        for job in jobs:
+
+    def _cancel_unfinished(self) -> None:
+        now = self._clock()
+        for job in self._jobs:
             if not job.done:
-                engine.cancel(job, now)
+                self._engine.cancel(job, now)
 
 
 async def generate_stream(call: Call, plan: GenerationPlan, renderer: StreamRenderer, headers: Headers = ()) -> None:
@@ -276,7 +302,7 @@ async def generate_stream(call: Call, plan: GenerationPlan, renderer: StreamRend
 
     sink = StreamingSink(call.response, renderer, plan.job_count, resume)
     jobs = build_jobs(ctx, plan, sink)
-    with submitted_jobs(ctx.engine, jobs, ctx.clock):
+    with SubmittedJobs(ctx.engine, jobs, ctx.clock):
         call.response.start(200, (*SSE_HEADERS, *headers))
         await sink.done.wait()
 
@@ -286,6 +312,6 @@ async def generate_all(call: Call, plan: GenerationPlan) -> list[Job]:
     ctx = call.ctx
     sink = CollectingSink(plan.job_count)
     jobs = build_jobs(ctx, plan, sink)
-    with submitted_jobs(ctx.engine, jobs, ctx.clock):
+    with SubmittedJobs(ctx.engine, jobs, ctx.clock):
         await sink.done.wait()
     return jobs

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import attrs
 
-__all__ = ["HttpRequest", "ResponseStream", "Application", "Headers", "REASON_PHRASES"]
+__all__ = ["REASON_PHRASES", "Application", "Headers", "HttpRequest", "ResponseStream"]
 
 Headers = Sequence[tuple[bytes, bytes]]
 

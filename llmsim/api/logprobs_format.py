@@ -26,7 +26,7 @@ import orjson
 from llmsim.engine.job import Job
 from llmsim.engine.logprobs import TokenLogprob, synthesize_logprobs, token_bytes
 
-__all__ = ["choice_seed", "ChatLogprobs", "EchoedPrompt", "CompletionLogprobs"]
+__all__ = ["ChatLogprobs", "CompletionLogprobs", "EchoedPrompt", "choice_seed"]
 
 
 def choice_seed(seed: int | None, request_id: str, index: int) -> int:

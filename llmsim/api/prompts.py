@@ -22,14 +22,14 @@ from llmsim.engine.tokenizer import ChatTurn, Tokenizer
 
 __all__ = [
     "MEDIA_PLACEHOLDERS",
-    "chat_turns",
-    "tool_definition",
-    "chat_prompt_ids",
-    "last_user_text",
-    "assistant_echo",
     "CompletionPrompt",
-    "completion_prompts",
+    "assistant_echo",
+    "chat_prompt_ids",
+    "chat_turns",
     "check_context_length",
+    "completion_prompts",
+    "last_user_text",
+    "tool_definition",
 ]
 
 #: The text a non-text content block contributes to the prompt.
@@ -57,18 +57,21 @@ def _part_text(part: ContentPart, where: str) -> str:
     return placeholder
 
 
-def _message_text(message: ChatMessage, where: str, *, with_media: bool) -> str:
+def _message_text(message: ChatMessage, index: int, *, with_media: bool) -> str:
+    """The text of ``messages[index]``.  (Its location is spelled out only for a
+    content-part list, the one form that can be malformed here.)"""
     content = message.content
     if content is None or isinstance(content, str):
         return content or ""
+    where = f"messages[{index}]"
     texts = [_part_text(part, f"{where}.content[{i}]") for i, part in enumerate(content)]
     if not with_media:
         texts = [text for part, text in zip(content, texts) if part.type == "text"]
     return "\n".join(texts)
 
 
-def _turn_text(message: ChatMessage, where: str) -> str:
-    text = _message_text(message, where, with_media=True)
+def _turn_text(message: ChatMessage, index: int) -> str:
+    text = _message_text(message, index, with_media=True)
     if not message.tool_calls:
         return text
     calls = [tool_call_text(call.function.name, call.function.arguments) for call in message.tool_calls]
@@ -78,7 +81,7 @@ def _turn_text(message: ChatMessage, where: str) -> str:
 def chat_turns(messages: Sequence[ChatMessage], tools: Sequence[ChatTool] | None = None) -> list[ChatTurn]:
     """The conversation as the chat template sees it, the tool definitions first; 400 on
     a malformed content part."""
-    turns = [ChatTurn(message.role, _turn_text(message, f"messages[{i}]")) for i, message in enumerate(messages)]
+    turns = [ChatTurn(message.role, _turn_text(message, i)) for i, message in enumerate(messages)]
     if tools:
         turns.insert(0, tools_turn([tool_definition(tool) for tool in tools]))
     return turns
@@ -101,7 +104,7 @@ def last_user_text(messages: Sequence[ChatMessage]) -> str:
     """The text of the last user message: what ``--mode echo`` replays ("" if none)."""
     for i in range(len(messages) - 1, -1, -1):
         if messages[i].role == "user":
-            return _message_text(messages[i], f"messages[{i}]", with_media=False)
+            return _message_text(messages[i], i, with_media=False)
     return ""
 
 
@@ -110,7 +113,7 @@ def assistant_echo(messages: Sequence[ChatMessage]) -> str | None:
     message is the assistant's own (a continuation); otherwise nothing."""
     if not messages or messages[-1].role != "assistant":
         return None
-    return _message_text(messages[-1], f"messages[{len(messages) - 1}]", with_media=False) or None
+    return _message_text(messages[-1], len(messages) - 1, with_media=False) or None
 
 
 @attrs.frozen

@@ -20,24 +20,24 @@ from llmsim.engine.logprobs import MAX_TOP_LOGPROBS
 from llmsim.engine.tools import NamedToolChoice, ToolChoice
 
 __all__ = [
-    "MediaUrl",
-    "InputAudio",
-    "ContentPart",
-    "MessageContent",
-    "FunctionCall",
-    "AssistantToolCall",
-    "ChatMessage",
-    "FunctionDefinition",
-    "ChatTool",
-    "StreamOptions",
-    "GenerationParams",
-    "ChatCompletionRequest",
-    "Prompt",
-    "CompletionRequest",
     "COMPLETIONS_DEFAULT_MAX_TOKENS",
     "MAX_COMPLETION_LOGPROBS",
-    "check_generation_params",
+    "AssistantToolCall",
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "ChatTool",
+    "CompletionRequest",
+    "ContentPart",
+    "FunctionCall",
+    "FunctionDefinition",
+    "GenerationParams",
+    "InputAudio",
+    "MediaUrl",
+    "MessageContent",
+    "Prompt",
+    "StreamOptions",
     "check_chat_params",
+    "check_generation_params",
     "parse_chat_request",
     "parse_completion_request",
 ]
@@ -226,7 +226,8 @@ def _structure_prompt(value: object, _: type) -> Prompt:
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
-        raise ValueError(f"{_PROMPT_FORMS_MESSAGE}, got {json_type_name(value)}")
+        message = f"{_PROMPT_FORMS_MESSAGE}, got {json_type_name(value)}"
+        raise ValueError(message)  # noqa: TRY004 - llm-d-inference-sim's "Invalid value" 400
     if all(isinstance(item, str) for item in value):
         return tuple(value)
     if all(_is_token_id(item) for item in value):
@@ -263,7 +264,8 @@ def _structure_tool_choice(value: object, _: type) -> ToolChoice | None:
         return "auto"
     function = value.get("function")
     if not isinstance(function, dict):
-        raise ValueError(f"Invalid value for `function`: `{function}` in `tool_choice`! {_NAMED_USAGE}")
+        message = f"Invalid value for `function`: `{function}` in `tool_choice`! {_NAMED_USAGE}"
+        raise ValueError(message)  # noqa: TRY004 - vLLM's "Invalid value" 400
     if "name" not in function:
         raise ValueError(f"Expected field `name` in `function` in `tool_choice`! {_NAMED_USAGE}")
     name = function["name"]

@@ -150,7 +150,9 @@ class TokenLogprobs:
 
     def delta(self, pieces: Sequence[str], index: int) -> bytes:
         """The ``logprobs`` array of token ``index``'s delta event."""
-        (value,) = synthesize_logprobs(pieces[index : index + 1], top_n=self._top_n, position_offset=index, seed=self._seed)
+        (value,) = synthesize_logprobs(
+            pieces[index : index + 1], top_n=self._top_n, position_offset=index, seed=self._seed
+        )
         top = [{"token": token, "logprob": logprob} for token, logprob in value.top]
         return orjson.dumps([{"token": value.token, "logprob": value.logprob, "top_logprobs": top}])
 
@@ -209,7 +211,9 @@ def output_items(plan: TurnPlan, ids: TurnIds, logprobs: TokenLogprobs | None) -
     return [_function_item(ids, block, plan.block_text(block), status)]
 
 
-def final_response(shell: ResponseShell, plan: TurnPlan, ids: TurnIds, job: Job, logprobs: TokenLogprobs | None, completed_at: int) -> dict[str, object]:
+def final_response(
+    shell: ResponseShell, plan: TurnPlan, ids: TurnIds, job: Job, logprobs: TokenLogprobs | None, completed_at: int
+) -> dict[str, object]:
     """The response object of a finished turn (non-streaming body, ``response.completed``, the store)."""
     return shell.response(
         status=_status(plan),
@@ -255,9 +259,7 @@ class ResponsesStreamRenderer:
         if self._text:
             item_id = json_bytes(ids.message_id)
             self._base = _TEXT_DELTA_BASE
-            self._delta_open = (
-                b'event: response.output_text.delta\ndata: {"content_index":0,"delta":"'
-            )
+            self._delta_open = b'event: response.output_text.delta\ndata: {"content_index":0,"delta":"'
             self._delta_lp = b'","item_id":' + item_id + b',"logprobs":'
             self._delta_seq = b',"output_index":0,"sequence_number":'
             self._delta_fixed = self._delta_lp + b"[]" + self._delta_seq  # without logprobs
@@ -267,7 +269,9 @@ class ResponsesStreamRenderer:
             self._delta_open = b'event: response.function_call_arguments.delta\ndata: {"delta":"'
             self._delta_fixed = b'","item_id":' + item_id + b',"output_index":0,"sequence_number":'
         self._delta_close = (
-            b',"type":"response.output_text.delta"}\n\n' if self._text else b',"type":"response.function_call_arguments.delta"}\n\n'
+            b',"type":"response.output_text.delta"}\n\n'
+            if self._text
+            else b',"type":"response.function_call_arguments.delta"}\n\n'
         )
 
     # --- StreamRenderer ------------------------------------------------------------------
@@ -275,7 +279,9 @@ class ResponsesStreamRenderer:
     def head(self) -> bytes:
         """``response.created`` and ``response.in_progress`` (sent at once, like vLLM)."""
         shell = json_bytes(self._shell.response(status="in_progress"))
-        return _event("response.created", b'"response":' + shell, 0) + _event("response.in_progress", b'"response":' + shell, 1)
+        return _event("response.created", b'"response":' + shell, 0) + _event(
+            "response.in_progress", b'"response":' + shell, 1
+        )
 
     def render(self, job: Job, start: int, stop: int) -> bytes:
         if start and stop - start == 1 and job.state is not _FINISHED and self._plain:  # the common case
@@ -289,6 +295,7 @@ class ResponsesStreamRenderer:
         events.extend(self._delta(job, i) for i in range(start, stop))
         if job.state is _FINISHED:
             events.append(self._closing(job))
+            self._job = None  # error() needs it no more, and job -> sink -> self would be a reference cycle
         return b"".join(events)
 
     def tail(self, jobs: Sequence[Job]) -> bytes:
@@ -301,7 +308,13 @@ class ResponsesStreamRenderer:
         if self._job is not None and self._job.state is not _FINISHED:
             sequence = self._base + self._job.emitted  # the deltas sent so far
         data = json_bytes(
-            {"type": "error", "code": error.error_type, "message": error.message, "param": error.param, "sequence_number": sequence}
+            {
+                "type": "error",
+                "code": error.error_type,
+                "message": error.message,
+                "param": error.param,
+                "sequence_number": sequence,
+            }
         )
         return event_bytes("error", data)
 
@@ -319,10 +332,18 @@ class ResponsesStreamRenderer:
     def _opening(self) -> bytes:
         ids = self._ids
         if self._text:
-            item: dict[str, object] = {"id": ids.message_id, "content": [], "role": "assistant", "status": "in_progress", "type": "message"}
+            item: dict[str, object] = {
+                "id": ids.message_id,
+                "content": [],
+                "role": "assistant",
+                "status": "in_progress",
+                "type": "message",
+            }
             part = {"annotations": [], "text": "", "type": "output_text", "logprobs": []}
             item_id = json_bytes(ids.message_id)
-            return _event("response.output_item.added", b'"item":' + json_bytes(item) + b',"output_index":0', 2) + _event(
+            return _event(
+                "response.output_item.added", b'"item":' + json_bytes(item) + b',"output_index":0', 2
+            ) + _event(
                 "response.content_part.added",
                 b'"content_index":0,"item_id":' + item_id + b',"output_index":0,"part":' + json_bytes(part),
                 3,
@@ -341,17 +362,35 @@ class ResponsesStreamRenderer:
             part = item["content"][0]  # type: ignore[index]
             logprobs = part["logprobs"] or []
             data = (  # "text" sorts after "sequence_number" in this event
-                b'{"content_index":0,"item_id":' + item_id + b',"logprobs":' + json_bytes(logprobs)
-                + b',"output_index":0,"sequence_number":' + str(seq).encode() + b',"text":' + json_bytes(text)
+                b'{"content_index":0,"item_id":'
+                + item_id
+                + b',"logprobs":'
+                + json_bytes(logprobs)
+                + b',"output_index":0,"sequence_number":'
+                + str(seq).encode()
+                + b',"text":'
+                + json_bytes(text)
                 + b',"type":"response.output_text.done"}'
             )
             events.append(event_bytes("response.output_text.done", data))
             events.append(
-                _event("response.content_part.done", b'"content_index":0,"item_id":' + item_id + b',"output_index":0,"part":' + json_bytes(part), seq + 1)
+                _event(
+                    "response.content_part.done",
+                    b'"content_index":0,"item_id":' + item_id + b',"output_index":0,"part":' + json_bytes(part),
+                    seq + 1,
+                )
             )
             seq += 2
         else:
-            fields = b'"arguments":' + json_bytes(text) + b',"item_id":' + json_bytes(ids.function_id) + b',"name":' + json_bytes(self._block.name) + b',"output_index":0'
+            fields = (
+                b'"arguments":'
+                + json_bytes(text)
+                + b',"item_id":'
+                + json_bytes(ids.function_id)
+                + b',"name":'
+                + json_bytes(self._block.name)
+                + b',"output_index":0'
+            )
             events.append(_event("response.function_call_arguments.done", fields, seq))
             seq += 1
         events.append(_event("response.output_item.done", b'"item":' + json_bytes(item) + b',"output_index":0', seq))

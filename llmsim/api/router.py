@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType
 
 import attrs
 
@@ -17,11 +18,14 @@ from llmsim.api.context import ApiContext, Call
 from llmsim.api.errors import JSON_HEADERS, ApiError
 from llmsim.api.http import HttpRequest, ResponseStream
 
-__all__ = ["Handler", "Router", "Api", "ErrorStyle"]
+__all__ = ["Api", "ErrorStyle", "Handler", "Router"]
 
 log = logging.getLogger("llmsim.api")
 
 Handler = Callable[[Call], Awaitable[None]]
+
+# What an exact route captures (nothing), shared by all its requests.
+_NO_PARAMS: Mapping[str, str] = MappingProxyType({})
 
 
 class ErrorStyle:
@@ -60,6 +64,8 @@ class Router:
     def __init__(self) -> None:
         self._exact: dict[str, _Route] = {}
         self._patterns: list[_Route] = []
+        # Exact routes' answers, by (method, path) as sent:
+        self._resolved: dict[tuple[str, str], Resolved] = {}
 
     def add(self, method: str, path: str, handler: Handler, *, error_style: str = ErrorStyle.OPENAI) -> None:
         segments = tuple(path.split("/"))
@@ -73,6 +79,7 @@ class Router:
             else:
                 self._exact[path] = route
         route.handlers[method.upper()] = handler
+        self._resolved.clear()
 
     def _find(self, segments: tuple[str, ...], is_pattern: bool) -> _Route | None:
         if not is_pattern:
@@ -80,9 +87,20 @@ class Router:
         return next((r for r in self._patterns if r.segments == segments), None)
 
     def resolve(self, method: str, path: str) -> Resolved:
-        """The handler for ``method path``, or ApiError 404 / 405."""
+        """The handler for ``method path``, or ApiError 404 / 405.
+
+        An exact route's answer is remembered: it is the same for every request (and
+        the client's method spellings of one route are few)."""
+        resolved = self._resolved.get((method, path))
+        if resolved is None:
+            resolved = self._resolve(method, path)
+            if path in self._exact:
+                self._resolved[(method, path)] = resolved
+        return resolved
+
+    def _resolve(self, method: str, path: str) -> Resolved:
         route = self._exact.get(path)
-        params: dict[str, str] | None = {}
+        params: Mapping[str, str] | None = _NO_PARAMS
         if route is None:
             segments = tuple(path.split("/"))
             for candidate in self._patterns:

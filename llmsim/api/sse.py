@@ -15,7 +15,7 @@ import orjson
 
 from llmsim.api.errors import ApiError
 
-__all__ = ["SSE_HEADERS", "DONE_EVENT", "escape", "escape_uncached", "json_bytes", "error_events"]
+__all__ = ["DONE_EVENT", "SSE_HEADERS", "chunk_head", "error_events", "escape", "escape_uncached", "json_bytes"]
 
 SSE_HEADERS: tuple[tuple[bytes, bytes], ...] = ((b"content-type", b"text/event-stream; charset=utf-8"),)
 DONE_EVENT = b"data: [DONE]\n\n"
@@ -47,6 +47,24 @@ def escape_uncached(text: str) -> bytes:
 def json_bytes(value: object) -> bytes:
     """Compact JSON, as pydantic's ``model_dump_json`` writes it."""
     return orjson.dumps(value)
+
+
+def chunk_head(response_id: str, kind: bytes, created: int, model: str) -> bytes:
+    """``data: {"id":…,"object":<kind>,"created":…,"model":…,``: the prefix every chunk
+    of one OpenAI stream shares (``kind`` is the JSON-quoted object name)."""
+    return b"".join(
+        (
+            b'data: {"id":',
+            json_bytes(response_id),
+            b',"object":',
+            kind,
+            b',"created":',
+            str(created).encode(),
+            b',"model":',
+            json_bytes(model),
+            b",",
+        )
+    )
 
 
 def error_events(error: ApiError) -> bytes:

@@ -10,6 +10,7 @@ offending field, e.g. ``messages[0].content``.
 
 from __future__ import annotations
 
+import types
 import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -21,7 +22,7 @@ from cattrs.gen import make_dict_structure_fn
 
 from llmsim.api.errors import ApiError
 
-__all__ = ["converter", "structure", "json_type_name", "FieldTypeError"]
+__all__ = ["FieldTypeError", "converter", "json_type_name", "structure"]
 
 T = TypeVar("T")
 
@@ -90,23 +91,42 @@ def _is_homogeneous_tuple(type_: Any) -> bool:
 
 
 def _tuple_hook_factory(type_: Any) -> Callable[[object, type], tuple[Any, ...]]:
-    """JSON array -> tuple, element by element, with the index in any error."""
+    """JSON array -> tuple, element by element, with the index in any error.  The
+    element hook is looked up once, here, not once per array."""
     element_type = typing.get_args(type_)[0]
+    hook = converter.get_structure_hook(element_type)
 
     def structure_tuple(value: object, _: type) -> tuple[Any, ...]:
         if not isinstance(value, list):
             raise FieldTypeError("an array", value)
-        hook = converter.get_structure_hook(element_type)
         items = []
         for index, item in enumerate(value):
             try:
                 items.append(hook(item, element_type))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - any failure, re-raised with its index
                 exc.add_note(IterableValidationNote(f"Structuring {type_} @ index {index}", index, element_type))
                 raise IterableValidationError(f"While structuring {type_!r}", [exc], type_) from None
         return tuple(items)
 
     return structure_tuple
+
+
+def _is_optional(type_: Any) -> bool:
+    """``X | None`` (cattrs's own test for the optional types it handles)."""
+    args = typing.get_args(type_)
+    return typing.get_origin(type_) in (typing.Union, types.UnionType) and len(args) == 2 and type(None) in args
+
+
+def _optional_hook_factory(type_: Any) -> Callable[[object, type], Any]:
+    """``X | None``: None, or an ``X``.  cattrs's default looks the hook of ``X`` up on
+    every call; this one is looked up once, here (an optional field is on every request)."""
+    inner_type = next(arg for arg in typing.get_args(type_) if arg is not type(None))
+    hook = converter.get_structure_hook(inner_type)
+
+    def structure_optional(value: object, _: type) -> Any:
+        return None if value is None else hook(value, inner_type)
+
+    return structure_optional
 
 
 def _attrs_hook_factory(cls: type) -> Callable[[object, type], Any]:
@@ -128,6 +148,7 @@ converter.register_structure_hook(str, _structure_str)
 converter.register_structure_hook(bool, _structure_bool)
 converter.register_structure_hook(Any, _structure_any)
 converter.register_structure_hook_factory(_is_homogeneous_tuple, _tuple_hook_factory)
+converter.register_structure_hook_factory(_is_optional, _optional_hook_factory)
 converter.register_structure_hook_factory(attrs.has, _attrs_hook_factory)
 
 

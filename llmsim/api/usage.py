@@ -21,13 +21,14 @@ class Usage:
     def of(cls, jobs: Sequence[Job], choices_per_prompt: int) -> Usage:
         """Prompt (and cached) tokens count once per prompt, not once per choice:
         the ``n`` choices of one prompt share it.  Choice ``i`` belongs to prompt
-        ``i // choices_per_prompt``."""
-        prompt_jobs = [job for job in jobs if job.index % choices_per_prompt == 0]
-        return cls(
-            prompt_tokens=sum(job.prompt_tokens for job in prompt_jobs),
-            completion_tokens=sum(job.completion_tokens for job in jobs),
-            cached_tokens=sum(job.cached_tokens for job in prompt_jobs),
-        )
+        ``i // choices_per_prompt``.  (One pass: this runs at the end of every request.)"""
+        prompt_tokens = completion_tokens = cached_tokens = 0
+        for job in jobs:
+            completion_tokens += job.completion_tokens
+            if job.index % choices_per_prompt == 0:
+                prompt_tokens += job.prompt_tokens
+                cached_tokens += job.cached_tokens
+        return cls(prompt_tokens, completion_tokens, cached_tokens)
 
     @property
     def total_tokens(self) -> int:

@@ -30,7 +30,7 @@ from llmsim.engine.corpus import SENTENCES
 from llmsim.engine.job import FinishReason
 from llmsim.engine.tokenizer import Tokenizer
 
-__all__ = ["GeneratedText", "TextGenerator", "histogram_length", "unbounded_length", "histogram_bucket"]
+__all__ = ["GeneratedText", "TextGenerator", "histogram_bucket", "histogram_length", "unbounded_length"]
 
 _BUCKET_CUMULATIVE = (0.2, 0.5, 0.7, 0.75, 0.85)  # the sixth bucket (15%) is the cap
 _SMALL_CAP = len(_BUCKET_CUMULATIVE) + 1
@@ -102,7 +102,7 @@ class TextGenerator:
         self._sentences = tuple(self._split(sentence) for sentence in SENTENCES)
 
     def _split(self, text: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
-        pieces, ids = tuple(self._tokenizer.tokenize(text)), tuple(self._tokenizer.encode(text))
+        pieces, ids = (tuple(self._tokenizer.tokenize(text)), tuple(self._tokenizer.encode(text)))
         if len(pieces) != len(ids):
             raise ValueError(f"tokenizer gave {len(pieces)} pieces but {len(ids)} ids for {text!r}")
         return pieces, ids
@@ -126,7 +126,9 @@ class TextGenerator:
         """
         limit = self._max_model_len - prompt_tokens
         if limit < 1:
-            raise ValueError(f"a prompt of {prompt_tokens} tokens leaves no room within max_model_len {self._max_model_len}")
+            raise ValueError(
+                f"a prompt of {prompt_tokens} tokens leaves no room within max_model_len {self._max_model_len}"
+            )
         if max_tokens is not None and max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
         cap = limit if max_tokens is None else min(max_tokens, limit)

@@ -17,6 +17,7 @@ prompt tokens.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import zlib
@@ -31,15 +32,15 @@ if TYPE_CHECKING:
     import tokenizers
 
 __all__ = [
+    "IM_END",
+    "IM_START",
+    "SPECIAL_TOKENS",
     "ChatTurn",
-    "Tokenizer",
-    "SimTokenizer",
     "HFTokenizer",
+    "SimTokenizer",
+    "Tokenizer",
     "load_tokenizer",
     "render_chat",
-    "SPECIAL_TOKENS",
-    "IM_START",
-    "IM_END",
 ]
 
 IM_START = "<|im_start|>"
@@ -233,7 +234,7 @@ class HFTokenizer:
         for start, _ in offsets[1:]:
             cuts.append(max(start, cuts[-1]))
         cuts.append(len(text))
-        return [text[begin:end] for begin, end in zip(cuts, cuts[1:])]
+        return [text[begin:end] for begin, end in itertools.pairwise(cuts)]
 
     def token_strings(self, ids: Sequence[int]) -> list[str]:
         _check_ids(ids, self.vocab_size)

@@ -18,7 +18,7 @@ from llmsim.config import Config
 from llmsim.engine.job import Job, JobSink
 from llmsim.engine.scheduler import Engine
 
-__all__ = ["FakeResponse", "EngineRun", "make_job", "make_simulator", "running", "post", "sse_payloads", "CREATED"]
+__all__ = ["CREATED", "EngineRun", "FakeResponse", "make_job", "make_simulator", "post", "running", "sse_payloads"]
 
 CREATED = 1_700_000_000  # the wall clock of every simulator built here
 

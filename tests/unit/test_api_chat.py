@@ -233,13 +233,13 @@ async def test_context_length(autojump_clock: MockClock) -> None:
 async def test_a_full_queue_is_429_and_leaves_no_job_behind(autojump_clock: MockClock) -> None:
     # Two slots, no queue: the second request's first choice gets the free slot and its
     # second is refused, so the first must be taken back (all or none).
-    async with running(max_num_seqs=2, max_waiting_queue_length=0, time_to_first_token=10.0) as sim:
-        async with trio.open_nursery() as nursery:
-            first = FakeResponse()
-            nursery.start_soon(post, sim, PATH, chat(max_tokens=2, stream=True), (), first)
-            await trio.testing.wait_all_tasks_blocked()
-            rejected = await post(sim, PATH, chat(n=2, max_tokens=2, stream=True))
-            statistics = sim.engine.statistics()
+    limits = {"max_num_seqs": 2, "max_waiting_queue_length": 0, "time_to_first_token": 10.0}
+    async with running(**limits) as sim, trio.open_nursery() as nursery:
+        first = FakeResponse()
+        nursery.start_soon(post, sim, PATH, chat(max_tokens=2, stream=True), (), first)
+        await trio.testing.wait_all_tasks_blocked()
+        rejected = await post(sim, PATH, chat(n=2, max_tokens=2, stream=True))
+        statistics = sim.engine.statistics()
     assert rejected.status == 429
     assert rejected.json()["error"] == {
         "message": "Failed to enqueue request, waiting requests queue is full",

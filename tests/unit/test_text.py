@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import itertools
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -73,7 +74,9 @@ def test_ignore_eos_without_max_tokens_fills_the_context_window() -> None:
 
 
 @given(max_tokens=st.integers(1, 3000), prompt_tokens=st.integers(0, 1023), seed=st.integers(0, 2**32))
-def test_max_tokens_bounds_the_length_and_decides_the_finish_reason(max_tokens: int, prompt_tokens: int, seed: int) -> None:
+def test_max_tokens_bounds_the_length_and_decides_the_finish_reason(
+    max_tokens: int, prompt_tokens: int, seed: int
+) -> None:
     out = generate(seed=seed, max_tokens=max_tokens, prompt_tokens=prompt_tokens)
     cap = min(max_tokens, 1024 - prompt_tokens)
     assert 1 <= len(out.pieces) <= cap
@@ -92,7 +95,10 @@ def test_without_max_tokens_the_length_fits_the_context_window(prompt_tokens: in
 
 def test_same_rng_state_same_text_byte_for_byte() -> None:
     assert generate(seed=11, max_tokens=300) == generate(seed=11, max_tokens=300)
-    assert generate(seed=11, max_tokens=300, ignore_eos=True).text != generate(seed=12, max_tokens=300, ignore_eos=True).text
+    assert (
+        generate(seed=11, max_tokens=300, ignore_eos=True).text
+        != generate(seed=12, max_tokens=300, ignore_eos=True).text
+    )
 
 
 def test_text_is_drawn_from_varied_sentences() -> None:
@@ -122,7 +128,7 @@ def test_histogram_buckets_follow_their_probabilities() -> None:
 def test_histogram_buckets_partition_everything_below_the_cap(cap: int) -> None:
     buckets = [histogram_bucket(cap, i) for i in range(5)]
     assert buckets[0][0] == 1 and buckets[-1][1] == cap - 1
-    for (_, high), (low, _) in zip(buckets, buckets[1:]):
+    for (_, high), (low, _) in itertools.pairwise(buckets):
         assert low == high + 1
     assert all(low <= high for low, high in buckets)
 
