@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 import trio
 
@@ -15,7 +16,7 @@ from llmsim.engine.scheduler import Engine
 from llmsim.engine.text import TextGenerator
 from llmsim.engine.tokenizer import load_tokenizer
 
-__all__ = ["Simulator", "build_router", "STEP_QUANTUM"]
+__all__ = ["STEP_QUANTUM", "Simulator", "build_router"]
 
 #: The engine task's step grid (seconds; the engine rounds it to divide the inter-token
 #: latency).  Every token is handed out at the first grid time at or after its
@@ -23,6 +24,10 @@ __all__ = ["Simulator", "build_router", "STEP_QUANTUM"]
 #: the ITL every token of a job is late by the same amount, so ITLs stay exact.
 #: Measured in docs/performance.md ("Engine steps at scale").
 STEP_QUANTUM = 0.002
+
+
+def _nothing() -> None:
+    pass
 
 
 def build_router() -> Router:
@@ -58,11 +63,19 @@ class Simulator:
         )
         self.app = Api(self.ctx, build_router())
 
-    async def run_engine(self) -> None:
+    async def run_engine(
+        self,
+        *,
+        hold_writes: Callable[[], None] = _nothing,
+        release_writes: Callable[[], None] = _nothing,
+    ) -> None:
         """Sleep until the engine's next step time (or a wake-up), then step it.  Forever.
 
         Steps are coalesced onto a grid of about :data:`STEP_QUANTUM` (see
         :meth:`Engine.set_step_quantum`), so one step serves every job due within it.
+        ``hold_writes`` and ``release_writes`` bracket every step: the native server
+        sends what a step wrote once it is over, connection by connection, from this
+        task (see ``llmsim.protocol.connection.WriteCoalescer``).
         """
         engine = self.engine
         wakeup = trio.Event()
@@ -77,7 +90,11 @@ class Simulator:
             deadline = engine.next_deadline()
             now = trio.current_time()
             if deadline <= now:
-                engine.step(now)
+                hold_writes()
+                try:
+                    engine.step(now)
+                finally:
+                    release_writes()
                 await trio.lowlevel.checkpoint()
                 continue
             if math.isinf(deadline):

@@ -21,7 +21,7 @@ import trio
 from llmsim.api.http import Application
 from llmsim.app import Simulator
 from llmsim.config import Config
-from llmsim.protocol.connection import Connection
+from llmsim.protocol.connection import Connection, WriteCoalescer
 from llmsim.protocol.settings import ConnectionTracker, ProtocolSettings, ServerHandle, ServerStatistics
 from llmsim.protocol.tls import server_ssl_context
 
@@ -44,7 +44,11 @@ async def serve(config: Config, *, task_status: trio.TaskStatus[ServerHandle] = 
 
         await serve_hypercorn(sim, config, tracker, task_status=task_status)
     else:
-        await serve_app(sim.app, config, tracker=tracker, background=sim.run_engine, task_status=task_status)
+        coalescer = WriteCoalescer()
+        engine = partial(sim.run_engine, hold_writes=coalescer.hold, release_writes=coalescer.release)
+        await serve_app(
+            sim.app, config, tracker=tracker, background=engine, coalescer=coalescer, task_status=task_status
+        )
 
 
 async def serve_app(
@@ -53,16 +57,18 @@ async def serve_app(
     *,
     tracker: ConnectionTracker | None = None,
     background: Callable[[], Awaitable[None]] | None = None,
+    coalescer: WriteCoalescer | None = None,
     task_status: trio.TaskStatus[ServerHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` with the native HTTP/1.1 + HTTP/2 handlers until cancelled.
 
     ``background`` (the engine driver) runs beside the connections and, like them,
-    keeps running through the shutdown grace period.
+    keeps running through the shutdown grace period.  ``coalescer``, held by the
+    engine driver around its steps, lets it send what a step wrote itself.
     """
     settings = ProtocolSettings.from_config(config, server_ssl_context(config))
     listener = await open_listener(config.host, config.port)
-    server = _NativeServer(app, settings, tracker or ConnectionTracker())
+    server = _NativeServer(app, settings, tracker or ConnectionTracker(), coalescer)
     await server.run(listener, background, task_status)
 
 
@@ -93,6 +99,7 @@ class _NativeServer:
     app: Application
     settings: ProtocolSettings
     tracker: ConnectionTracker
+    coalescer: WriteCoalescer | None
     _connections: set[Connection] = attrs.field(factory=set, init=False)
     _shutting_down: bool = attrs.field(default=False, init=False)
     _all_closed: trio.Event = attrs.field(factory=trio.Event, init=False)
@@ -137,7 +144,7 @@ class _NativeServer:
                 await trio.sleep_forever()
 
     async def _serve_connection(self, stream: trio.SocketStream) -> None:
-        connection = Connection(stream, self.app, self.settings, self.tracker)
+        connection = Connection(stream, self.app, self.settings, self.tracker, self.coalescer)
         self._connections.add(connection)
         if self._shutting_down:
             connection.begin_shutdown()

@@ -1,11 +1,16 @@
 """One accepted connection: sniffing, TLS, and the reader and writer tasks.
 
-The writer is the only task that sends.  Request handlers and the engine never touch
-the socket: they append to their stream's buffer and call :meth:`Connection.wake_writer`,
-which only sets a flag and unparks the writer.  So every write made during one engine
-step leaves in one ``send_all`` per connection, and a slow client stalls only its own
-writer.  The reader runs for the whole life of the connection, so a client that goes
-away mid-response is noticed at once (and a TLS stream is never left half-read by a
+Request handlers and the engine never touch the socket: they append to their stream's
+buffer and call :meth:`Connection.wake_writer`, which only sets a flag.  Outside an
+engine step it unparks the connection's writer task, which sends the batch.  During an
+engine step (while the server's :class:`WriteCoalescer` is held) the connection is only
+remembered, and when the step is over the engine's task sends each remembered batch
+with one non-blocking send (:meth:`Connection.flush_now`): no writer task wakes up for
+the common case, and whatever the kernel does not take is left to the writer, which
+waits for the socket.  Either way, every write made during one engine step leaves in
+one send per connection, in order, and a slow client stalls only its own writer.  The
+reader runs for the whole life of the connection, so a client that goes away
+mid-response is noticed at once (and a TLS stream is never left half-read by a
 cancelled receive).
 """
 
@@ -27,7 +32,7 @@ from llmsim.protocol.http1 import Http1Handler
 from llmsim.protocol.http2 import Http2Handler
 from llmsim.protocol.settings import ConnectionTracker, ProtocolSettings
 
-__all__ = ["Connection"]
+__all__ = ["Connection", "WriteCoalescer"]
 
 log = logging.getLogger("llmsim.protocol")
 
@@ -47,6 +52,33 @@ def _direct_socket(transport: trio.abc.Stream) -> socket.socket | None:
 
 
 @attrs.define(eq=False, repr=False)
+class WriteCoalescer:
+    """Holds the connections' flushes while the engine steps, then sends them inline.
+
+    Waking a writer task costs a trip through trio's run loop (unpark, reschedule, the
+    task switch, park again: about 10 µs), and a paced load makes one per connection
+    per engine step: 20,000 a second at 40 connections.  While :attr:`held`, a
+    connection with something to send is only queued here; :meth:`release` (right
+    after the step, in the engine's task) sends every queued connection's batch.
+    """
+
+    held: bool = False
+    _pending: list[Connection] = attrs.field(factory=list, init=False)
+
+    def hold(self) -> None:
+        self.held = True
+
+    def defer(self, connection: Connection) -> None:
+        self._pending.append(connection)
+
+    def release(self) -> None:
+        self.held = False
+        pending, self._pending = self._pending, []
+        for connection in pending:
+            connection.flush_now()
+
+
+@attrs.define(eq=False, repr=False)
 class Connection:
     """Serves one client stream until it closes, fails or the server shuts down.
 
@@ -58,6 +90,7 @@ class Connection:
     app: Application
     settings: ProtocolSettings
     tracker: ConnectionTracker
+    coalescer: WriteCoalescer | None = None
     scheme: str = attrs.field(default="http", init=False)  # "https" once TLS is negotiated
     shutting_down: bool = attrs.field(default=False, init=False)
     handler: ProtocolHandler | None = attrs.field(default=None, init=False)
@@ -65,7 +98,11 @@ class Connection:
     _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _writer_lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot, init=False)
-    _dirty: bool = attrs.field(default=False, init=False)
+    _dirty: bool = attrs.field(default=False, init=False)  # the handler has output the writer has not taken
+    _direct: socket.socket | None = attrs.field(default=None, init=False)  # see _direct_socket
+    _backlog: bytes | memoryview | None = attrs.field(default=None, init=False)  # what flush_now could not send
+    _sending: bool = attrs.field(default=False, init=False)  # the writer waits in send_all
+    _writer_done: bool = attrs.field(default=False, init=False)
     _read_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
     _read_deadline: float = attrs.field(default=math.inf, init=False)
     _reading_allowed: bool = attrs.field(default=True, init=False)
@@ -102,7 +139,44 @@ class Connection:
     def wake_writer(self) -> None:
         if not self._dirty:
             self._dirty = True
+            coalescer = self.coalescer
+            if coalescer is not None and coalescer.held and self._direct is not None:
+                coalescer.defer(self)
+            else:
+                self._writer_lot.unpark_all()
+
+    def flush_now(self) -> None:
+        """Send the handler's output from the calling task (the engine's, after a step).
+
+        Only when nothing is in flight: the writer is not waiting in ``send_all`` and
+        no earlier remainder is queued, else the writer sends this too, after what it
+        has.  What the kernel does not take becomes the writer's backlog, and so does
+        the whole batch when the send fails (the writer's own send then fails the same
+        way and closes the connection).  Never raises: the engine's task serves everyone.
+        """
+        handler, direct = self.handler, self._direct
+        if self._sending or self._backlog is not None or self._writer_done or handler is None or direct is None:
             self._writer_lot.unpark_all()
+            return
+        self._dirty = False
+        try:
+            data = handler.outgoing()
+            if data:
+                try:
+                    sent = direct.send(data)
+                except OSError:  # would block, interrupted, or the peer is gone
+                    sent = 0
+                if sent < len(data):
+                    self._backlog = memoryview(data)[sent:] if sent else data
+                    self._writer_lot.unpark_all()
+                    return
+            handler.flushed()
+        except Exception:
+            log.exception("flushing a connection failed; the connection is closed")
+            self._scope.cancel()
+            return
+        if handler.finished:
+            self._writer_lot.unpark_all()  # the writer sees it and ends
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         assert self._nursery is not None
@@ -137,6 +211,7 @@ class Connection:
             return
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            self._direct = _direct_socket(self._transport)
             self.handler = Http2Handler(self) if wire is Wire.H2 else Http1Handler(self)
             nursery.start_soon(self._read_loop)
             if prefix:
@@ -153,7 +228,12 @@ class Connection:
             self._transport = self.stream
             return wire, prefix
         assert context is not None
-        tls = trio.SSLStream(PrefixedStream(self.stream, prefix), context, server_side=True, https_compatible=True)
+        tls = trio.SSLStream(
+            PrefixedStream(self.stream, prefix),
+            context,
+            server_side=True,
+            https_compatible=True,
+        )
         self._transport = tls
         self.scheme = "https"
         try:
@@ -207,30 +287,37 @@ class Connection:
         self._nursery.cancel_scope.cancel()
 
     async def _write_loop(self) -> None:
-        assert self._transport is not None
-        direct = _direct_socket(self._transport)
+        try:
+            await self._write_batches()
+        finally:
+            self._writer_done = True
+
+    async def _write_batches(self) -> None:
+        """Send the backlog flush_now left, else the handler's output, until finished."""
         unchecked = 0  # iterations in a row that did not yield to trio
         while True:
-            if not self._dirty:
+            if not self._dirty and self._backlog is None:
                 await self._writer_lot.park()
                 unchecked = 0
             elif unchecked >= _MAX_UNCHECKED:
                 await trio.lowlevel.checkpoint()
                 unchecked = 0
             unchecked += 1
-            self._dirty = False
             handler = self.handler
             assert handler is not None
-            data = handler.outgoing()
-            if data:
-                if not await self._send(direct, data):
-                    handler.connection_lost()
-                    return
+            if self._backlog is not None:  # older than anything the handler has now
+                data, self._backlog = self._backlog, None
+            else:
+                self._dirty = False
+                data = handler.outgoing()
+            if data and not await self._send(data):
+                handler.connection_lost()
+                return
             handler.flushed()
-            if handler.finished and not self._dirty:
+            if handler.finished and not self._dirty and self._backlog is None:
                 return
 
-    async def _send(self, direct: socket.socket | None, data: bytes) -> bool:
+    async def _send(self, data: bytes | memoryview) -> bool:
         """Put ``data`` on the wire; False if the connection is gone.
 
         On a plain TCP connection the bytes are first offered to the (non-blocking)
@@ -241,6 +328,7 @@ class Connection:
         which waits for the socket to be writable: backpressure is unchanged.
         """
         assert self._transport is not None
+        direct = self._direct
         if direct is not None:
             try:
                 sent = direct.send(data)
@@ -250,11 +338,14 @@ class Connection:
                 return False
             if sent == len(data):
                 return True
-            data = memoryview(data)[sent:]  # type: ignore[assignment]
+            data = memoryview(data)[sent:]
+        self._sending = True
         try:
             await self._transport.send_all(data)
         except _NETWORK_ERRORS:
             return False
+        finally:
+            self._sending = False
         return True
 
     async def _linger(self) -> None:
