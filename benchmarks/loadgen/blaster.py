@@ -6,9 +6,11 @@ servers send them), so the server does almost no work per event and the client i
 bottleneck.  HTTP/1.1 and h2c with prior knowledge on the same port.
 
 With ``--ttft``/``--itl`` it paces instead: each stream's first token (with the role
-chunk) after TTFT, then one token per ITL on an exact schedule, sent by one task per
-connection that writes every due event in one go.  That is an ideal simulated server
-at almost no CPU cost, so it shows what latency the load generator itself adds.
+chunk) after TTFT, then one token per ITL, on llmsim's 2 ms step grid (never early,
+less than one grid interval late, ITLs exact).  One task for the whole server sends
+every due event of a grid tick, one write per connection (:mod:`.pacer`).  That is an
+ideal simulated server at almost no CPU cost, rounding like llmsim, so it shows what
+latency the load generator itself adds and what llmsim adds on top of it.
 
 It is not a conforming HTTP/2 server: it ignores the client's flow-control windows (our
 load generator and h2load both grant about 2 GiB) and never decodes request headers.
@@ -20,19 +22,18 @@ from __future__ import annotations
 
 import argparse
 import functools
-import heapq
-import itertools
 import json
 import re
 import signal
 import struct
 from collections.abc import Callable
 
-import attrs
 import orjson
 import trio
 
-__all__ = ["Pace", "main", "render_events"]
+from benchmarks.loadgen.pacer import Output, Pace, Pacer
+
+__all__ = ["Pace", "main", "render_events", "serve_connection"]
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _DATA, _HEADERS, _RST_STREAM, _SETTINGS, _PING, _GOAWAY, _WINDOW_UPDATE = 0x0, 0x1, 0x3, 0x4, 0x6, 0x7, 0x8
@@ -40,6 +41,7 @@ _END_STREAM, _ACK, _END_HEADERS, _PADDED = 0x1, 0x1, 0x4, 0x8
 #: HPACK: ":status: 200" (static index 8), then content-type (static name 31) as a literal.
 _RESPONSE_BLOCK = b"\x88\x0f\x10\x11text/event-stream"
 _FRAME = struct.Struct(">HBBBI")
+_U32 = struct.Struct(">I")
 _H1_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*([0-9]+)", re.IGNORECASE)
 
@@ -62,18 +64,39 @@ def _frame(kind: int, flags: int, stream_id: int, payload: bytes) -> bytes:
     return _FRAME.pack(length >> 8, length & 0xFF, kind, flags, stream_id) + payload
 
 
-class _Responses:
+class _Template:
+    """HTTP/2 frames rendered for stream 0 and cut around their stream-id fields, so that
+    rendering them for a stream is a single join with its packed id."""
+
+    __slots__ = ("_pieces",)
+
+    def __init__(self, frames: bytes) -> None:
+        self._pieces, start, position = [], 0, 0
+        while position < len(frames):
+            self._pieces.append(frames[start : position + 5])
+            start = position + 9
+            position = start + int.from_bytes(frames[position : position + 3], "big")
+        self._pieces.append(frames[start:])
+
+    def render(self, stream_id: int) -> bytes:
+        return _U32.pack(stream_id).join(self._pieces)
+
+
+class Responses:
     """Pre-rendered responses per token count.
 
     Whole responses serve the unpaced mode; *groups* -- the events that leave together,
     the role chunk with the first token and the closing chunks with the last -- serve
-    the paced mode.
+    the paced mode as (first, middle, last) triples: every middle group is the same
+    token chunk, so a stream needs three pre-rendered byte strings, not one per event.
     """
 
     def __init__(self) -> None:
         self._groups: dict[int, list[list[bytes]]] = {}
         self._h1: dict[int, bytes] = {}
-        self._h2: dict[int, tuple[bytes, list[int]]] = {}
+        self._h1_paced: dict[int, tuple[bytes, bytes, bytes]] = {}
+        self._h2: dict[int, _Template] = {}
+        self._h2_paced: dict[int, tuple[_Template, _Template, _Template]] = {}
 
     def groups(self, tokens: int) -> list[list[bytes]]:
         if tokens not in self._groups:
@@ -85,8 +108,27 @@ class _Responses:
 
     def h1(self, tokens: int) -> bytes:
         if tokens not in self._h1:
-            self._h1[tokens] = b"".join(self.h1_group(tokens, i) for i in range(len(self.groups(tokens))))
+            self._h1[tokens] = b"".join(self.h1_group(tokens, i) for i in range(tokens))
         return self._h1[tokens]
+
+    def h1_paced(self, tokens: int) -> tuple[bytes, bytes, bytes]:
+        """The paced groups of an HTTP/1.1 response, shared by every stream."""
+        if tokens not in self._h1_paced:
+            self._h1_paced[tokens] = _triple(functools.partial(self.h1_group, tokens), tokens)
+        return self._h1_paced[tokens]
+
+    def h2(self, tokens: int, stream_id: int) -> bytes:
+        if tokens not in self._h2:
+            self._h2[tokens] = _Template(b"".join(self.h2_group(tokens, i) for i in range(tokens)))
+        return self._h2[tokens].render(stream_id)
+
+    def h2_paced(self, tokens: int, stream_id: int) -> tuple[bytes, bytes, bytes]:
+        """The paced groups of an HTTP/2 response, rendered per stream (its id is in every frame)."""
+        if tokens not in self._h2_paced:
+            first, middle, last = _triple(functools.partial(self.h2_group, tokens), tokens)
+            self._h2_paced[tokens] = (_Template(first), _Template(middle), _Template(last))
+        first, middle, last = self._h2_paced[tokens]
+        return first.render(stream_id), middle.render(stream_id), last.render(stream_id)
 
     def h1_group(self, tokens: int, index: int) -> bytes:
         groups = self.groups(tokens)
@@ -94,85 +136,20 @@ class _Responses:
         head = _H1_HEAD if index == 0 else b""
         return head + body + (b"0\r\n\r\n" if index == len(groups) - 1 else b"")
 
-    def h2(self, tokens: int, stream_id: int) -> bytes:
-        if tokens not in self._h2:
-            frames = [self.h2_group(tokens, i, 0) for i in range(len(self.groups(tokens)))]
-            template = b"".join(frames)
-            offsets, position = [], 0
-            while position < len(template):
-                offsets.append(position + 5)
-                position += 9 + int.from_bytes(template[position : position + 3], "big")
-            self._h2[tokens] = (template, offsets)
-        template, offsets = self._h2[tokens]
-        out = bytearray(template)
-        for offset in offsets:
-            struct.pack_into(">I", out, offset, stream_id)
-        return bytes(out)
-
-    def h2_group(self, tokens: int, index: int, stream_id: int) -> bytes:
+    def h2_group(self, tokens: int, index: int) -> bytes:
+        """Group ``index`` as HTTP/2 frames of stream 0 (see :class:`_Template`)."""
         groups = self.groups(tokens)
-        frames = [_frame(_HEADERS, _END_HEADERS, stream_id, _RESPONSE_BLOCK)] if index == 0 else []
+        frames = [_frame(_HEADERS, _END_HEADERS, 0, _RESPONSE_BLOCK)] if index == 0 else []
         events = groups[index]
         last = index == len(groups) - 1
         for i, event in enumerate(events):
-            frames.append(_frame(_DATA, _END_STREAM if last and i == len(events) - 1 else 0, stream_id, event))
+            frames.append(_frame(_DATA, _END_STREAM if last and i == len(events) - 1 else 0, 0, event))
         return b"".join(frames)
 
 
-@attrs.frozen
-class Pace:
-    """Simulated latencies in seconds; both 0 means: stream everything at once."""
-
-    ttft: float = 0.0
-    itl: float = 0.0
-
-    @property
-    def paced(self) -> bool:
-        return self.ttft > 0 or self.itl > 0
-
-
-Render = Callable[[int, int, int], bytes]  # (stream key, tokens, group index) -> bytes
-
-
-class _Pacer:
-    """Sends every stream's groups of one connection on schedule, all due ones in one write."""
-
-    def __init__(
-        self, stream: trio.SocketStream, send_lock: trio.Lock, pace: Pace, responses: _Responses, render: Render
-    ) -> None:
-        self._stream, self._lock, self._pace = stream, send_lock, pace
-        self._responses, self._render = responses, render
-        self._due: list[tuple[float, int, int, int, int]] = []  # (due, order, key, tokens, group)
-        self._order = itertools.count()
-        self._wake = trio.Event()
-
-    def add(self, key: int, tokens: int) -> None:
-        heapq.heappush(self._due, (trio.current_time() + self._pace.ttft, next(self._order), key, tokens, 0))
-        self._wake.set()
-
-    async def run(self) -> None:
-        due = self._due
-        while True:
-            self._wake = trio.Event()
-            if not due:
-                await self._wake.wait()
-                continue
-            if due[0][0] > trio.current_time():
-                with trio.move_on_at(due[0][0]):
-                    await self._wake.wait()
-                continue
-            now = trio.current_time()
-            out = []
-            while due and due[0][0] <= now:
-                at, order, key, tokens, group = heapq.heappop(due)
-                out.append(self._render(key, tokens, group))
-                if group + 1 < len(self._responses.groups(tokens)):
-                    heapq.heappush(due, (at + self._pace.itl, order, key, tokens, group + 1))
-            try:
-                async with self._lock:
-                    await self._stream.send_all(b"".join(out))
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return
+def _triple(render: Callable[[int], bytes], count: int) -> tuple[bytes, bytes, bytes]:
+    """(first, middle, last) of ``count`` groups; the middle one is unused below 3."""
+    return render(0), render(1) if count > 2 else b"", render(count - 1)
 
 
 def _max_tokens(body: bytes) -> int:
@@ -183,7 +160,8 @@ def _max_tokens(body: bytes) -> int:
     return value if isinstance(value, int) and value > 0 else 16
 
 
-async def _handle(stream: trio.SocketStream, responses: _Responses, pace: Pace) -> None:
+async def serve_connection(stream: trio.SocketStream, responses: Responses, pacer: Pacer | None) -> None:
+    """Serve one client connection (HTTP/2 if it starts with the preface) until it ends."""
     buffer = b""
     try:
         while len(buffer) < len(PREFACE):
@@ -196,10 +174,9 @@ async def _handle(stream: trio.SocketStream, responses: _Responses, pace: Pace) 
     except trio.BrokenResourceError:
         return
     http2 = buffer.startswith(PREFACE)
-    connection = _Connection(stream, responses, pace, http2)
+    connection = _Connection(stream, responses, pacer)
     async with trio.open_nursery() as nursery:
-        if connection.pacer is not None:
-            nursery.start_soon(connection.pacer.run)
+        nursery.start_soon(connection.output.run)
         try:
             if http2:
                 await connection.serve_h2(buffer[len(PREFACE) :])
@@ -207,28 +184,19 @@ async def _handle(stream: trio.SocketStream, responses: _Responses, pace: Pace) 
                 await connection.serve_h1(buffer)
         except (trio.BrokenResourceError, trio.ClosedResourceError, ValueError):
             pass  # the client went away or sent garbage: drop the connection
-        nursery.cancel_scope.cancel()
+        finally:
+            connection.output.close()  # before the socket closes: the pacer must skip it
+            nursery.cancel_scope.cancel()
 
 
 class _Connection:
-    """One client connection: its reader, and its pacer when the blaster paces."""
+    """One client connection: its reader; responses go to its :class:`Output`."""
 
-    def __init__(self, stream: trio.SocketStream, responses: _Responses, pace: Pace, http2: bool) -> None:
+    def __init__(self, stream: trio.SocketStream, responses: Responses, pacer: Pacer | None) -> None:
         self.stream = stream
         self.responses = responses
-        self.send_lock = trio.Lock()
-        render: Render = self._h2_group if http2 else self._h1_group
-        self.pacer = _Pacer(stream, self.send_lock, pace, responses, render) if pace.paced else None
-
-    def _h1_group(self, key: int, tokens: int, index: int) -> bytes:
-        return self.responses.h1_group(tokens, index)
-
-    def _h2_group(self, key: int, tokens: int, index: int) -> bytes:
-        return self.responses.h2_group(tokens, index, key)
-
-    async def send(self, data: bytes) -> None:
-        async with self.send_lock:
-            await self.stream.send_all(data)
+        self.pacer = pacer
+        self.output = Output(stream)
 
     async def serve_h1(self, buffer: bytes) -> None:
         stream = self.stream
@@ -250,13 +218,13 @@ class _Connection:
             body, buffer = buffer[end + 4 : end + 4 + length], buffer[end + 4 + length :]
             tokens = _max_tokens(body)
             if self.pacer is not None:
-                self.pacer.add(0, tokens)
+                self.pacer.add(self.output, self.responses.h1_paced(tokens), tokens)
             else:
-                await self.send(self.responses.h1(tokens))
+                await self.output.send(self.responses.h1(tokens))
 
     async def serve_h2(self, buffer: bytes) -> None:
         settings = struct.pack(">HI", 0x3, 1 << 20)  # MAX_CONCURRENT_STREAMS
-        await self.send(_frame(_SETTINGS, 0, 0, settings))
+        await self.output.send(_frame(_SETTINGS, 0, 0, settings))
         bodies: dict[int, bytes] = {}
         while True:
             out: list[bytes] = []
@@ -288,14 +256,14 @@ class _Connection:
                 if kind in (_DATA, _HEADERS) and flags & _END_STREAM and stream_id in bodies:
                     tokens = _max_tokens(bodies.pop(stream_id))
                     if self.pacer is not None:
-                        self.pacer.add(stream_id, tokens)
+                        self.pacer.add(self.output, self.responses.h2_paced(tokens, stream_id), tokens)
                     else:
                         out.append(self.responses.h2(tokens, stream_id))
             buffer = buffer[position:]
             if received:  # request bodies use up the connection window: give it back
                 out.append(_frame(_WINDOW_UPDATE, 0, 0, struct.pack(">I", received)))
             if out:
-                await self.send(b"".join(out))
+                await self.output.send(b"".join(out))
             data = await self.stream.receive_some(65536)
             if not data:
                 return
@@ -303,13 +271,14 @@ class _Connection:
 
 
 async def _serve(port: int, pace: Pace) -> None:
-    responses = _Responses()
+    responses = Responses()
+    pacer = Pacer(pace) if pace.paced else None
+    handler = functools.partial(serve_connection, responses=responses, pacer=pacer)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
-            serve_tcp = functools.partial(
-                trio.serve_tcp, functools.partial(_handle, responses=responses, pace=pace), port, host="127.0.0.1"
-            )
-            listeners = await nursery.start(serve_tcp)
+            if pacer is not None:
+                nursery.start_soon(pacer.run)
+            listeners = await nursery.start(functools.partial(trio.serve_tcp, handler, port, host="127.0.0.1"))
             print(f"listening on http://127.0.0.1:{listeners[0].socket.getsockname()[1]}", flush=True)
             async for _ in signals:
                 nursery.cancel_scope.cancel()
