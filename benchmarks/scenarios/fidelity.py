@@ -1,7 +1,7 @@
 """Fidelity: do client-measured latencies stay at the configured values under load?
 
 llmsim native is configured with TTFT 100 ms and ITL 20 ms and streams 100-token chat
-completions to 200, 500, 2,000 and 10,000 concurrent HTTP/2 streams (closed loop, enough
+completions to 200, 500, 1,000, 2,000 and 10,000 concurrent HTTP/2 streams (closed loop, enough
 ``max-num-seqs`` that nothing queues).  The first streams start spread over one stream
 lifetime, so arrivals are steady; only streams that start after the warm-up and finish
 before the stop count.  Reported: TTFT and ITL p50/p90/p99 and their error against
@@ -34,7 +34,10 @@ ITL = 0.020
 MAX_TOKENS = 100
 STREAM_SECONDS = TTFT + (MAX_TOKENS - 1) * ITL
 #: (connections, streams per connection); the server allows 1,000 streams per connection.
-LOADS = ((10, 20), (20, 25), (40, 50), (100, 100))
+LOADS = ((10, 20), (20, 25), (20, 50), (40, 50), (100, 100))
+#: SPEC section 9: medians within 5 % of the configured values, p99 within 25 %.
+MEDIAN_TOLERANCE = 5.0
+P99_TOLERANCE = 25.0
 SERVER = llmsim(
     "llmsim-native-fidelity",
     "--server",
@@ -124,7 +127,15 @@ def _row(result: Measurement) -> dict[str, Any]:
             measured = getattr(values, quantile)
             row[f"{metric}_{quantile}"] = measured
             row[f"{metric}_{quantile}_error_percent"] = percent_error(measured, configured)
+    row["targets_met"] = _targets_met(row)
     return row
+
+
+def _targets_met(row: dict[str, Any]) -> bool:
+    """SPEC 9's fidelity targets, with no errors (NaN, no samples, is a miss)."""
+    medians = (abs(row[f"{metric}_p50_error_percent"]) <= MEDIAN_TOLERANCE for metric in ("ttft", "itl"))
+    tails = (abs(row[f"{metric}_p99_error_percent"]) <= P99_TOLERANCE for metric in ("ttft", "itl"))
+    return row["errors"] == 0 and all(medians) and all(tails)
 
 
 def _print(rows: list[dict[str, Any]]) -> None:
@@ -148,6 +159,7 @@ def _print(rows: list[dict[str, Any]]) -> None:
             "RSS MiB",
             "srv busy",
             "cli busy",
+            "targets",
         ],
         [
             [
@@ -167,6 +179,7 @@ def _print(rows: list[dict[str, Any]]) -> None:
                 r["server_rss_peak_bytes"] / 2**20,
                 r["server_busy"],
                 r["client_busy"],
+                "met" if r["targets_met"] else "missed",
             ]
             for r in rows
         ],
