@@ -64,10 +64,7 @@ class Simulator:
         self.app = Api(self.ctx, build_router())
 
     async def run_engine(
-        self,
-        *,
-        hold_writes: Callable[[], None] = _nothing,
-        release_writes: Callable[[], None] = _nothing,
+        self, *, hold_writes: Callable[[], None] = _nothing, release_writes: Callable[[], None] = _nothing
     ) -> None:
         """Sleep until the engine's next step time (or a wake-up), then step it.  Forever.
 

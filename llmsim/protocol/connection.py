@@ -228,12 +228,7 @@ class Connection:
             self._transport = self.stream
             return wire, prefix
         assert context is not None
-        tls = trio.SSLStream(
-            PrefixedStream(self.stream, prefix),
-            context,
-            server_side=True,
-            https_compatible=True,
-        )
+        tls = trio.SSLStream(PrefixedStream(self.stream, prefix), context, server_side=True, https_compatible=True)
         self._transport = tls
         self.scheme = "https"
         try:
