@@ -68,7 +68,7 @@ __all__ = [
 #: A frame header: 24-bit length (as 16 + 8 bits), type (0x0 for DATA), flags, stream id (RFC 9113 4.1).
 DATA_HEADER = struct.Struct(">HBBBL")
 END_STREAM_FLAG = 0x1
-_HEADERS, _CONTINUATION, _END_HEADERS = 0x1, 0x9, 0x4
+_DATA, _HEADERS, _CONTINUATION, _END_HEADERS = 0x0, 0x1, 0x9, 0x4
 
 # Module globals, compared by identity: enum attribute lookups and Enum.__hash__ are
 # Python-level calls, too slow for a path taken once per stream per engine step.
@@ -96,20 +96,40 @@ def data_frames(out: list[bytes], stream_id: int, data: bytes, max_frame: int, e
     """Append to ``out`` the DATA frames carrying ``data`` (each payload at most
     ``max_frame`` bytes), END_STREAM on the last; ``b""`` with ``end_stream`` is one
     empty frame.  Pure framing: no flow-control or state bookkeeping."""
-    size = len(data)
+    _split_frames(out, stream_id, data, max_frame, _DATA, _DATA, 0, END_STREAM_FLAG if end_stream else 0)
+
+
+def _split_frames(
+    out: list[bytes],
+    stream_id: int,
+    block: bytes,
+    max_frame: int,
+    first_kind: int,
+    rest_kind: int,
+    first_flags: int,
+    last_flags: int,
+) -> None:
+    """Append the frames that carry ``block`` in payloads of at most ``max_frame``
+    bytes: the first of type ``first_kind`` with ``first_flags``, the others of
+    ``rest_kind``, ``last_flags`` on the last (a single frame has both; ``b""`` is one
+    empty frame).  DATA is DATA throughout with END_STREAM last; a header block is
+    HEADERS (END_STREAM) then CONTINUATION, END_HEADERS last."""
+    size = len(block)
     pack = _PACK_HEADER
     if size <= max_frame:
-        out.append(pack(size >> 8, size & 0xFF, 0, END_STREAM_FLAG if end_stream else 0, stream_id))
+        out.append(pack(size >> 8, size & 0xFF, first_kind, first_flags | last_flags, stream_id))
         if size:
-            out.append(data)
+            out.append(block)
         return
-    view = memoryview(data)
+    view = memoryview(block)
     last = (size - 1) // max_frame * max_frame  # offset of the last frame's payload
     for offset in range(0, size, max_frame):
         payload = view[offset : offset + max_frame]
         length = len(payload)
-        flags = END_STREAM_FLAG if end_stream and offset == last else 0
-        out.append(pack(length >> 8, length & 0xFF, 0, flags, stream_id))
+        kind, flags = (first_kind, first_flags) if offset == 0 else (rest_kind, 0)
+        if offset == last:
+            flags |= last_flags
+        out.append(pack(length >> 8, length & 0xFF, kind, flags, stream_id))
         out.append(payload.tobytes())
 
 
@@ -163,29 +183,12 @@ def send_headers(
     stream.state_machine.process_input(_SEND_HEADERS)
     max_frame = stream.max_outbound_frame_size
     assert max_frame is not None  # set by the connection as it creates the stream
-    _header_frames(out, stream.stream_id, conn.encoder.encode(headers), max_frame, end_stream)
+    block = conn.encoder.encode(headers)
+    first_flags = END_STREAM_FLAG if end_stream else 0
+    _split_frames(out, stream.stream_id, block, max_frame, _HEADERS, _CONTINUATION, first_flags, _END_HEADERS)
     if end_stream:
         stream.state_machine.process_input(_SEND_END_STREAM)
     stream.request_method = extract_method_header(headers)
-
-
-def _header_frames(out: list[bytes], stream_id: int, block: bytes, max_frame: int, end_stream: bool) -> None:
-    """Append the HEADERS frame, and CONTINUATION frames if ``block`` exceeds
-    ``max_frame``, that carry ``block``: END_STREAM on the first, END_HEADERS on the last."""
-    size = len(block)
-    flags = END_STREAM_FLAG if end_stream else 0
-    if size <= max_frame:
-        out.append(_PACK_HEADER(size >> 8, size & 0xFF, _HEADERS, flags | _END_HEADERS, stream_id))
-        out.append(block)
-        return
-    out.append(_PACK_HEADER(max_frame >> 8, max_frame & 0xFF, _HEADERS, flags, stream_id))
-    out.append(block[:max_frame])
-    for offset in range(max_frame, size, max_frame):
-        payload = block[offset : offset + max_frame]
-        length = len(payload)
-        last = offset + max_frame >= size
-        out.append(_PACK_HEADER(length >> 8, length & 0xFF, _CONTINUATION, _END_HEADERS if last else 0, stream_id))
-        out.append(payload)
 
 
 # --- HTTP/1.1 ------------------------------------------------------------------------
