@@ -106,6 +106,32 @@ def assert_whole_chat_stream(body: bytes, tokens: int) -> None:
     assert len(contents) == tokens and all(isinstance(text, str) for text in contents)
 
 
+async def send_h2_chats(
+    handle: llmsim.ServerHandle, count: int, tokens: int, **settings: int
+) -> tuple[H2Client, list[int]]:
+    """An HTTP/2 client whose receive windows never fill, with ``count`` streamed chats
+    of ``tokens`` tokens sent on it."""
+    client = H2Client(await trio.open_tcp_stream(handle.host, handle.port))
+    await client.start(INITIAL_WINDOW_SIZE=2**30, **settings)
+    client.conn.increment_flow_control_window(2**30)
+    await client.flush()
+    headers = ((b"content-type", b"application/json"),)
+    body = chat_body(tokens)
+    sids = [
+        await client.request("/v1/chat/completions", method="POST", body=body, headers=headers) for _ in range(count)
+    ]
+    return client, sids
+
+
+async def receive_whole_chats(client: H2Client, sids: list[int], tokens: int) -> None:
+    """Read until every stream ended, close, and check each is a whole chat stream."""
+    await client.wait_until(lambda: all(client.records[sid].done for sid in sids))
+    await client.stream.aclose()
+    for sid in sids:
+        assert client.records[sid].ended
+        assert_whole_chat_stream(client.records[sid].body, tokens)
+
+
 async def test_token_batches_leave_from_the_engine_task_without_waking_writers(
     nursery: trio.Nursery, counts: SendCounts
 ) -> None:
@@ -115,21 +141,8 @@ async def test_token_batches_leave_from_the_engine_task_without_waking_writers(
     streams, tokens = 20, 200
     config = Config(port=0, time_to_first_token=0.005, inter_token_latency=0.001, max_num_seqs=100)
     handle = await nursery.start(llmsim.serve, config)
-    stream = await trio.open_tcp_stream(handle.host, handle.port)
-    client = H2Client(stream)
-    await client.start(INITIAL_WINDOW_SIZE=2**30)  # no flow-control waits
-    client.conn.increment_flow_control_window(2**30)
-    await client.flush()
-    headers = ((b"content-type", b"application/json"),)
-    sids = [
-        await client.request("/v1/chat/completions", method="POST", body=chat_body(tokens), headers=headers)
-        for _ in range(streams)
-    ]
-    await client.wait_until(lambda: all(client.records[sid].done for sid in sids))
-    await stream.aclose()
-    for sid in sids:
-        assert client.records[sid].ended
-        assert_whole_chat_stream(client.records[sid].body, tokens)
+    client, sids = await send_h2_chats(handle, streams, tokens)  # no flow-control waits
+    await receive_whole_chats(client, sids, tokens)
     assert counts.writer <= 2 * streams + 10
     assert counts.inline >= 50  # steps coalesce on a busy machine, but not 200 into 50
 
@@ -163,22 +176,9 @@ async def test_a_full_socket_during_steps_loses_and_reorders_nothing_on_http2(
 ) -> None:
     config = Config(port=0, time_to_first_token=0.0, inter_token_latency=0.0)
     handle = await nursery.start(llmsim.serve, config)
-    stream = await trio.open_tcp_stream(handle.host, handle.port)
-    client = H2Client(stream)
-    await client.start(INITIAL_WINDOW_SIZE=2**30, MAX_FRAME_SIZE=2**20)
-    client.conn.increment_flow_control_window(2**30)
-    await client.flush()
-    headers = ((b"content-type", b"application/json"),)
-    sids = [
-        await client.request("/v1/chat/completions", method="POST", body=chat_body(TOKENS // 4), headers=headers)
-        for _ in range(4)
-    ]
+    client, sids = await send_h2_chats(handle, 4, TOKENS // 4, MAX_FRAME_SIZE=2**20)
     await refused.wait()
-    await client.wait_until(lambda: all(client.records[sid].done for sid in sids))
-    await stream.aclose()
-    for sid in sids:
-        assert client.records[sid].ended
-        assert_whole_chat_stream(client.records[sid].body, TOKENS // 4)
+    await receive_whole_chats(client, sids, TOKENS // 4)
 
 
 @attrs.define(eq=False)
