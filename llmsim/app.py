@@ -13,8 +13,8 @@ from llmsim.api.context import ApiContext
 from llmsim.api.router import Api, Router
 from llmsim.config import Config
 from llmsim.engine.scheduler import Engine
-from llmsim.engine.text import TextGenerator
-from llmsim.engine.tokenizer import load_tokenizer
+from llmsim.model.text import TextGenerator
+from llmsim.model.tokenizer import load_tokenizer
 
 __all__ = ["STEP_QUANTUM", "Simulator", "build_router"]
 
@@ -72,7 +72,7 @@ class Simulator:
         :meth:`Engine.set_step_quantum`), so one step serves every job due within it.
         ``hold_writes`` and ``release_writes`` bracket every step: the native server
         sends what a step wrote once it is over, connection by connection, from this
-        task (see ``llmsim.protocol.connection.WriteCoalescer``).
+        task (see ``llmsim.protocol.native.connection.WriteCoalescer``).
         """
         engine = self.engine
         wakeup = trio.Event()

@@ -13,8 +13,8 @@ from llmsim.api.errors import JSON_HEADERS, ApiError
 from llmsim.api.http import HttpRequest, ResponseStream
 from llmsim.config import Config
 from llmsim.engine.scheduler import Engine
-from llmsim.engine.text import TextGenerator
-from llmsim.engine.tokenizer import Tokenizer
+from llmsim.model.text import TextGenerator
+from llmsim.model.tokenizer import Tokenizer
 
 __all__ = ["ApiContext", "Call"]
 

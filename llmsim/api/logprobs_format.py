@@ -10,7 +10,7 @@ that one; with ``echo`` the prompt's tokens come first, the very first without a
 logprob (``null``, as vLLM's prompt logprobs).  ``text_offset`` runs over the choice's
 whole text, across the chunks of a stream.
 
-Values come from :func:`~llmsim.engine.logprobs.synthesize_logprobs`, a pure function
+Values come from :func:`~llmsim.model.logprobs.synthesize_logprobs`, a pure function
 of (token, position, seed): a stream asks for each token as it goes out, the complete
 response for all of them, and both get the same numbers.  Each choice has its own seed.
 """
@@ -24,7 +24,7 @@ import attrs
 import orjson
 
 from llmsim.engine.job import Job
-from llmsim.engine.logprobs import TokenLogprob, synthesize_logprobs, token_bytes
+from llmsim.model.logprobs import TokenLogprob, synthesize_logprobs, token_bytes
 
 __all__ = ["ChatLogprobs", "CompletionLogprobs", "EchoedPrompt", "choice_seed"]
 

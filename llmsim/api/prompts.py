@@ -1,6 +1,6 @@
 """What a request asks the model to read, as token ids, and what echo replays.
 
-Chat messages become :class:`~llmsim.engine.tokenizer.ChatTurn` s for the chat
+Chat messages become :class:`~llmsim.model.tokenizer.ChatTurn` s for the chat
 template: text blocks are joined with newlines (as vLLM does for string content
 formats) and every image, audio or video block stands in as a short placeholder, so it
 costs a few prompt tokens.  Tool definitions and earlier tool calls are written into
@@ -18,7 +18,7 @@ import attrs
 from llmsim.api.errors import ApiError
 from llmsim.api.requests import ChatMessage, ChatTool, ContentPart, Prompt
 from llmsim.api.turns import tool_call_text, tools_turn
-from llmsim.engine.tokenizer import ChatTurn, Tokenizer
+from llmsim.model.tokenizer import ChatTurn, Tokenizer
 
 __all__ = [
     "MEDIA_PLACEHOLDERS",

@@ -16,8 +16,8 @@ import attrs
 
 from llmsim.api.errors import ApiError
 from llmsim.api.structure import FieldTypeError, converter, json_type_name, structure
-from llmsim.engine.logprobs import MAX_TOP_LOGPROBS
-from llmsim.engine.tools import NamedToolChoice, ToolChoice
+from llmsim.model.logprobs import MAX_TOP_LOGPROBS
+from llmsim.model.tools import NamedToolChoice, ToolChoice
 
 __all__ = [
     "COMPLETIONS_DEFAULT_MAX_TOKENS",

@@ -1,5 +1,5 @@
 """Function tools of /v1/responses and /v1/messages on the engine's tool planner
-(:mod:`llmsim.engine.tools`): schema checks as 400s, and the tool-call knobs.
+(:mod:`llmsim.model.tools`): schema checks as 400s, and the tool-call knobs.
 
 A tool's parameters schema is compiled once per request; compiling is validating, so
 a schema llmsim cannot honour is a 400 naming the field, and every generated argument
@@ -15,7 +15,7 @@ import attrs
 
 from llmsim.api.errors import ApiError
 from llmsim.config import Config
-from llmsim.engine.tools import (
+from llmsim.model.tools import (
     CompiledSchema,
     ToolCallOptions,
     ToolChoiceError,

@@ -20,8 +20,9 @@ from collections.abc import Sequence
 import attrs
 
 from llmsim.api.context import ApiContext
-from llmsim.engine.job import FinishReason, Job, JobSink
-from llmsim.engine.tokenizer import ChatTurn
+from llmsim.engine.job import Job, JobSink
+from llmsim.model.text import FinishReason
+from llmsim.model.tokenizer import ChatTurn
 
 __all__ = [
     "MEDIA",

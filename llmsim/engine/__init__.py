@@ -1,37 +1,28 @@
-"""The simulation core: sans-I/O, clock-injected, no HTTP or JSON.
+"""The simulation core: when each token is due.  Sans-I/O and clock-injected.
 
-The API layer builds a :class:`Job` (prompt ids, the planned output from
-:class:`TextGenerator`, a :class:`JobSink`), submits it to the :class:`Engine`, and the
-server's step loop drives ``engine.step(now)``; the engine decides *when* each planned
-token is handed to the sink.
+The API layer builds a :class:`Job` (prompt ids, the output planned by
+:mod:`llmsim.model`, a :class:`JobSink`) and submits it to the :class:`Engine`; the
+server's step loop drives ``engine.step(now)``, and the engine decides *when* each
+planned token is handed to the sink.  Scheduler, latency model, chunked prefill (and
+later the KV cache and LoRA slots) live here.  Imports nothing from ``llmsim.api``,
+``llmsim.protocol``, the configuration loader or the CLI.
 """
 
 from __future__ import annotations
 
 from llmsim.engine.errors import QUEUE_FULL_MESSAGE, QueueFullError
-from llmsim.engine.job import FinishReason, Job, JobSink, JobState
+from llmsim.engine.job import Job, JobSink, JobState
 from llmsim.engine.latency import LatencyModel
 from llmsim.engine.scheduler import MAX_TOKENS_PER_STEP, Engine, EngineStatistics
-from llmsim.engine.text import GeneratedText, TextGenerator
-from llmsim.engine.tokenizer import ChatTurn, HFTokenizer, SimTokenizer, Tokenizer, load_tokenizer, render_chat
 
 __all__ = [
+    "MAX_TOKENS_PER_STEP",
     "QUEUE_FULL_MESSAGE",
-    "QueueFullError",
-    "FinishReason",
+    "Engine",
+    "EngineStatistics",
     "Job",
     "JobSink",
     "JobState",
     "LatencyModel",
-    "MAX_TOKENS_PER_STEP",
-    "Engine",
-    "EngineStatistics",
-    "GeneratedText",
-    "TextGenerator",
-    "ChatTurn",
-    "HFTokenizer",
-    "SimTokenizer",
-    "Tokenizer",
-    "load_tokenizer",
-    "render_chat",
+    "QueueFullError",
 ]

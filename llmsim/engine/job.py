@@ -14,18 +14,7 @@ from typing import Protocol
 
 import attrs
 
-__all__ = ["Job", "JobSink", "JobState", "FinishReason"]
-
-
-class FinishReason:
-    """The finish_reason strings of vLLM and llm-d-inference-sim."""
-
-    STOP = "stop"
-    LENGTH = "length"
-    TOOL_CALLS = "tool_calls"
-    REMOTE_DECODE = "remote_decode"
-    CACHE_THRESHOLD = "cache_threshold"
-    ABORT = "abort"
+__all__ = ["Job", "JobSink", "JobState"]
 
 
 class JobState(enum.Enum):

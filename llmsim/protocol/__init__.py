@@ -1,12 +1,6 @@
-"""Connection handlers: HTTP/1.1 (h11) and HTTP/2 (h2) on trio, and the ASGI adapter.
+"""Connection handlers: bytes <-> :class:`~llmsim.api.http.HttpRequest` / ``ResponseStream``.
 
-Imports nothing from ``llmsim.engine``; talks to the API only through
-:mod:`llmsim.api.http` (``HttpRequest`` / ``ResponseStream`` / ``Application``).
+``native/`` is llmsim's own HTTP/1.1 (h11) and HTTP/2 (h2) server on trio; ``asgi/``
+is the same application as an ASGI app under hypercorn.  Both talk to the API only
+through its seam, :mod:`llmsim.api.http`.
 """
-
-from __future__ import annotations
-
-from llmsim.protocol.connection import Connection
-from llmsim.protocol.settings import ConnectionTracker, ProtocolSettings, ServerHandle, ServerStatistics
-
-__all__ = ["Connection", "ConnectionTracker", "ProtocolSettings", "ServerHandle", "ServerStatistics"]

@@ -18,7 +18,7 @@ from h2.settings import SettingCodes, Settings
 from hyperframe.frame import Frame, GoAwayFrame
 
 from llmsim.api.http import HttpRequest, ResponseStream
-from llmsim.protocol.connection import Connection
+from llmsim.protocol.native.connection import Connection
 from llmsim.protocol.settings import ConnectionTracker, ProtocolSettings
 
 SSE = ((b"content-type", b"text/event-stream"),)

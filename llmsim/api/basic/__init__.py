@@ -1,0 +1,5 @@
+"""The basic endpoint family."""
+
+from llmsim.api.basic.routes import register
+
+__all__ = ["register"]

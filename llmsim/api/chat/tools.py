@@ -1,0 +1,79 @@
+"""Tool calling on /v1/chat/completions: the request's tools compiled, and what each
+choice says — tool calls or text — planned before its job is built.
+
+Each choice draws from its own RNG (the one its text would come from), so a request
+is reproducible under ``--seed``: first the engine decides the calls (llm-d-inference-
+sim's rules for ``tool_choice``), then each call gets an id; a choice without calls
+answers with text.  A choice's output pieces are its calls' arguments, token by token,
+cut at the request's output cap like any text.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from llmsim.api.context import ApiContext
+from llmsim.api.errors import ApiError
+from llmsim.api.requests import ChatTool
+from llmsim.api.tool_support import planning_errors, tool_options
+from llmsim.api.turns import TOOL_CALL, Block, TurnPlan, output_cap, plan_text, plan_tool_calls
+from llmsim.model.tools import ToolChoice, ToolSchemaError, ToolSpec
+from llmsim.model.tools import plan_tool_calls as choose_calls
+
+__all__ = ["call_blocks", "plan_choices", "tool_call_id", "tool_specs"]
+
+
+def tool_specs(tools: Sequence[ChatTool] | None) -> list[ToolSpec]:
+    """The request's tools with compiled schemas; 400 naming the tool whose
+    ``parameters`` llmsim cannot generate valid arguments for."""
+    specs = []
+    for i, tool in enumerate(tools or ()):
+        path = f"tools[{i}].function.parameters"
+        try:
+            specs.append(ToolSpec.build(tool.function.name, tool.function.parameters, path=path))
+        except ToolSchemaError as exc:
+            raise ApiError(400, f"Tool validation failed for {tool.function.name!r}: {exc}", param=path) from None
+    return specs
+
+
+def tool_call_id(rng: random.Random) -> str:
+    """``chatcmpl-tool-`` and 32 hex digits, as vLLM's ``make_tool_call_id``."""
+    return f"chatcmpl-tool-{rng.getrandbits(128):032x}"
+
+
+def plan_choices(
+    ctx: ApiContext,
+    tools: Sequence[ToolSpec],
+    choice: ToolChoice,
+    *,
+    request_id: str,
+    choices: int,
+    parallel_tool_calls: bool,
+    prompt_tokens: int,
+    max_tokens: int | None,
+    ignore_eos: bool,
+    echo_text: str,
+) -> list[TurnPlan]:
+    """What each choice says: its tool calls (at most one without
+    ``parallel_tool_calls``), or text when the engine chose none."""
+    options = tool_options(ctx.config)
+    cap = output_cap(ctx, prompt_tokens, max_tokens)
+    plans = []
+    for index in range(choices):
+        rng = ctx.rng_for(request_id, index)
+        with planning_errors():
+            calls = choose_calls(tools, choice, rng, options=options)[: None if parallel_tool_calls else 1]
+        if calls:
+            plans.append(plan_tool_calls(ctx, [(call.name, tool_call_id(rng), call.arguments) for call in calls], cap))
+        else:
+            text = plan_text(
+                ctx, rng, prompt_tokens=prompt_tokens, max_tokens=max_tokens, ignore_eos=ignore_eos, echo_text=echo_text
+            )
+            plans.append(text)
+    return plans
+
+
+def call_blocks(plan: TurnPlan) -> tuple[Block, ...]:
+    """The tool calls of a choice's plan (none: it answers with text)."""
+    return tuple(block for block in plan.blocks if block.kind == TOOL_CALL)

@@ -1,0 +1,91 @@
+"""POST /v1/completions."""
+
+from __future__ import annotations
+
+from llmsim.api.completions.render import CompletionStreamRenderer, completion_body
+from llmsim.api.context import ApiContext, Call
+from llmsim.api.errors import JSON_HEADERS
+from llmsim.api.generation import (
+    GenerationPlan,
+    PromptPlan,
+    RequestIdentity,
+    check_job_count,
+    generate_all,
+    generate_stream,
+)
+from llmsim.api.logprobs_format import CompletionLogprobs, EchoedPrompt, choice_seed
+from llmsim.api.prompts import CompletionPrompt, check_context_length, completion_prompts
+from llmsim.api.requests import CompletionRequest, parse_completion_request
+from llmsim.api.router import Router
+
+__all__ = ["completions", "register"]
+
+
+async def completions(call: Call) -> None:
+    ctx = call.ctx
+    request = parse_completion_request(call.json())
+    model = ctx.resolve_model(request.model)
+    prompts = completion_prompts(request.prompt, ctx.tokenizer)
+    check_job_count(ctx, len(prompts) * request.choices_per_prompt)
+    max_tokens = request.requested_max_tokens
+    for prompt in prompts:
+        check_context_length(ctx.config.max_model_len, len(prompt.token_ids), max_tokens)
+    identity = RequestIdentity.of(call, "cmpl-")
+    n = request.choices_per_prompt
+    plan = GenerationPlan(
+        request_id=identity.request_id,
+        prompts=tuple(PromptPlan(prompt.token_ids, prompt.echo_text) for prompt in prompts),
+        choices_per_prompt=n,
+        max_tokens=max_tokens,
+        ignore_eos=bool(request.ignore_eos),
+    )
+    created = int(ctx.wall_clock())
+    echo_prompts = [prompt.text for prompt in prompts] if request.echo else None
+    logprobs = _logprobs(ctx, request, prompts, identity.request_id, plan.job_count)
+    if request.streaming:
+        renderer = CompletionStreamRenderer(
+            response_id=identity.response_id,
+            created=created,
+            model=model,
+            choices=plan.job_count,
+            choices_per_prompt=n,
+            include_usage=request.include_usage,
+            echo_prompts=echo_prompts,
+            logprobs=logprobs,
+        )
+        await generate_stream(call, plan, renderer, identity.headers)
+        return
+    jobs = await generate_all(call, plan)
+    body = completion_body(
+        response_id=identity.response_id,
+        created=created,
+        model=model,
+        jobs=jobs,
+        choices_per_prompt=n,
+        echo_prompts=echo_prompts,
+        logprobs=logprobs,
+    )
+    call.respond(200, body, (*JSON_HEADERS, *identity.headers))
+
+
+def _logprobs(
+    ctx: ApiContext, request: CompletionRequest, prompts: list[CompletionPrompt], request_id: str, choices: int
+) -> CompletionLogprobs | None:
+    """The request's logprobs, if it asked; with ``echo`` the prompts' tokens are
+    listed too, each decoded on its own as vLLM does."""
+    if request.logprobs is None:
+        return None
+    seed = ctx.config.seed
+    echoed = None
+    if request.echo:
+        decode = ctx.tokenizer.decode
+        echoed = [
+            EchoedPrompt(tuple(decode((token,)) for token in prompt.token_ids), choice_seed(seed, request_id, -1 - i))
+            for i, prompt in enumerate(prompts)
+        ]
+    seeds = [choice_seed(seed, request_id, index) for index in range(choices)]
+    return CompletionLogprobs(request.logprobs, seeds, choices_per_prompt=request.choices_per_prompt, prompts=echoed)
+
+
+def register(router: Router) -> None:
+    router.add("POST", "/v1/completions", completions)

@@ -1,0 +1,5 @@
+"""The messages endpoint family."""
+
+from llmsim.api.messages.routes import register
+
+__all__ = ["register"]

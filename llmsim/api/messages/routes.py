@@ -1,0 +1,102 @@
+"""POST /v1/messages and POST /v1/messages/count_tokens (Anthropic Messages API).
+
+A request becomes one turn (one job): text, or tool_use blocks chosen with the chat
+rules of llm-d-inference-sim (``auto``: zero or more calls, ``any``: at least one,
+``tool``: exactly that one, ``none``: text; extra calls with
+``tool-call-extra-call-probability``; ``disable_parallel_tool_use``: at most one).
+Errors on these routes use Anthropic's envelope.
+"""
+
+from __future__ import annotations
+
+from llmsim.api.context import Call
+from llmsim.api.errors import JSON_HEADERS
+from llmsim.api.event_stream import collect_job, stream_job
+from llmsim.api.generation import RequestIdentity
+from llmsim.api.messages.render import (
+    MessageShell,
+    MessagesStreamRenderer,
+    message_body,
+)
+from llmsim.api.messages.request import (
+    conversation_turns,
+    function_tools,
+    last_user_text,
+    parse_messages_request,
+    tool_choice_of,
+)
+from llmsim.api.prompts import check_context_length
+from llmsim.api.router import ErrorStyle, Router
+from llmsim.api.tool_support import planning_errors, tool_options
+from llmsim.api.turns import (
+    cut_at_stop,
+    make_job,
+    output_cap,
+    plan_text,
+    plan_tool_calls,
+    prompt_ids,
+)
+from llmsim.engine.job import Job, JobSink
+from llmsim.model.tools import plan_tool_calls as plan_tool_calls_of
+
+__all__ = ["count_tokens", "create_message", "register"]
+
+
+async def create_message(call: Call) -> None:
+    ctx = call.ctx
+    request = parse_messages_request(call.json())
+    model = ctx.resolve_model(request.model)
+    tools = function_tools(request.tools)
+    choice = tool_choice_of(request.tool_choice, tools)
+    prompt = prompt_ids(ctx, conversation_turns(request, tools))
+    check_context_length(ctx.config.max_model_len, len(prompt), request.max_tokens)
+
+    identity = RequestIdentity.of(call, "msg_")
+    request_id = identity.request_id
+    cap = output_cap(ctx, len(prompt), request.max_tokens)
+    planned = []
+    if tools:
+        specs = [tool.spec for tool in tools]
+        with planning_errors():
+            planned = plan_tool_calls_of(specs, choice.choice, ctx.rng_for(request_id, 1), options=tool_options(ctx.config))
+        if choice.single:
+            planned = planned[:1]
+    calls = [(call.name, f"toolu_{request_id}_{i}", call.arguments) for i, call in enumerate(planned)]
+    stop_sequence = None
+    if calls:
+        plan = plan_tool_calls(ctx, calls, cap)
+    else:
+        plan = plan_text(
+            ctx,
+            ctx.rng_for(request_id),
+            prompt_tokens=len(prompt),
+            max_tokens=request.max_tokens,
+            ignore_eos=bool(request.ignore_eos),
+            echo_text=last_user_text(request),
+        )
+        plan, stop_sequence = cut_at_stop(plan, request.stop_sequences or ())
+    shell = MessageShell(identity.response_id, model, stop_sequence)
+
+    def job_for(sink: JobSink) -> Job:
+        return make_job(plan, prompt, sink, request_id=request_id, cap=cap)
+
+    if request.streaming:
+        await stream_job(call, job_for, MessagesStreamRenderer(shell=shell, plan=plan), identity.headers)
+        return
+    job = await collect_job(call, job_for)
+    call.respond(200, message_body(shell, plan, job), (*JSON_HEADERS, *identity.headers))
+
+
+async def count_tokens(call: Call) -> None:
+    """``{"input_tokens": N}``: the prompt a /v1/messages request with this body would have."""
+    ctx = call.ctx
+    request = parse_messages_request(call.json(), need_max_tokens=False)
+    ctx.resolve_model(request.model)
+    tools = function_tools(request.tools)
+    tool_choice_of(request.tool_choice, tools)
+    call.respond_json({"input_tokens": len(prompt_ids(ctx, conversation_turns(request, tools)))})
+
+
+def register(router: Router) -> None:
+    router.add("POST", "/v1/messages", create_message, error_style=ErrorStyle.ANTHROPIC)
+    router.add("POST", "/v1/messages/count_tokens", count_tokens, error_style=ErrorStyle.ANTHROPIC)

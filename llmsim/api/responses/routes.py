@@ -1,0 +1,223 @@
+"""POST /v1/responses, GET/DELETE /v1/responses/{response_id},
+POST /v1/responses/{response_id}/cancel.
+
+A request becomes one turn (one job): a text message, schema-valid JSON text
+(``text.format``), or exactly one function call.  The tool-turn rules are
+llm-d-inference-sim's (seed 000): with function tools and a ``tool_choice`` other
+than ``none`` the turn is a function call — ``auto`` or omitted is forced to call on
+the first tool turn — unless a ``function_call_output`` is anywhere in the
+conversation (its input or the stored chain of ``previous_response_id``): then tools
+stay off and the turn is a message.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from llmsim.api.context import ApiContext, Call
+from llmsim.api.errors import JSON_HEADERS, ApiError
+from llmsim.api.event_stream import collect_job, stream_job
+from llmsim.api.generation import RequestIdentity
+from llmsim.api.logprobs_format import choice_seed
+from llmsim.api.prompts import check_context_length
+from llmsim.api.responses.render import (
+    ResponseShell,
+    ResponsesStreamRenderer,
+    TokenLogprobs,
+    TurnIds,
+    final_response,
+)
+from llmsim.api.responses.request import (
+    ResponsesRequest,
+    function_tools,
+    input_conversation,
+    output_format,
+    parse_responses_request,
+    tool_choice_of,
+)
+from llmsim.api.responses.store import StoredResponse, not_found, store_of
+from llmsim.api.router import Router
+from llmsim.api.sse import json_bytes
+from llmsim.api.tool_support import planning_errors, tool_options
+from llmsim.api.turns import (
+    TEXT,
+    TurnPlan,
+    make_job,
+    output_cap,
+    plan_fixed_text,
+    plan_text,
+    plan_tool_calls,
+    prompt_ids,
+    tool_call_text,
+    tools_turn,
+)
+from llmsim.engine.job import Job, JobSink
+from llmsim.model.tokenizer import ChatTurn
+from llmsim.model.tools import (
+    NamedToolChoice,
+    ToolChoice,
+    arguments_json,
+    plan_single_tool_call,
+)
+
+__all__ = ["cancel_response", "create_response", "delete_response", "register", "retrieve_response"]
+
+_JSON_OBJECT_OVERHEAD = 8  # tokens a json_object turn spends on its wrapper, roughly
+
+
+async def create_response(call: Call) -> None:
+    ctx = call.ctx
+    body = call.json()
+    request = parse_responses_request(body)
+    model = ctx.resolve_model(request.model)
+    store = store_of(ctx)
+    previous = None
+    if request.previous_response_id is not None:
+        previous = store.get(request.previous_response_id)
+        if previous is None:
+            raise not_found(request.previous_response_id)
+    tools = function_tools(request.tools)
+    choice = tool_choice_of(request.tool_choice, tools)
+    text_config = body.get("text")
+    fmt = output_format(request.text, text_config.get("format") if isinstance(text_config, dict) else None)
+    conversation = input_conversation(request.input)
+    history = previous.history if previous is not None else ()
+    has_tool_output = conversation.has_tool_output or (previous is not None and previous.has_tool_output)
+    calling = bool(tools) and choice.mode != "none" and not has_tool_output
+
+    turns: list[ChatTurn] = []
+    if request.instructions:
+        turns.append(ChatTurn("system", request.instructions))
+    if tools:
+        turns.append(tools_turn([tool.definition for tool in tools]))
+    turns.extend(history)
+    turns.extend(conversation.turns)
+    prompt = prompt_ids(ctx, turns)
+    check_context_length(
+        ctx.config.max_model_len, len(prompt), request.max_output_tokens, max_tokens_param="max_output_tokens"
+    )
+
+    identity = RequestIdentity.of(call, "resp_")
+    request_id = identity.request_id
+    ids = TurnIds.of(request_id)
+    cap = output_cap(ctx, len(prompt), request.max_output_tokens)
+    if calling:
+        engine_choice: ToolChoice = NamedToolChoice(choice.forced.name) if choice.forced is not None else "required"
+        with planning_errors():
+            call_plan = plan_single_tool_call(
+                [tool.spec for tool in tools], engine_choice, ctx.rng_for(request_id, 1), options=tool_options(ctx.config)
+            )
+        assert call_plan is not None  # tools present, choice not "none"
+        plan = plan_tool_calls(ctx, [(call_plan.name, ids.call_id, call_plan.arguments)], cap)
+    else:
+        plan = _plan_message(ctx, request, fmt.type, fmt.schema, len(prompt), cap, request_id, conversation.last_user_text)
+    logprobs = None
+    if request.wants_logprobs and plan.blocks[0].kind == TEXT:
+        logprobs = TokenLogprobs(request.top_logprobs or 0, choice_seed(ctx.config.seed, request_id, 0))
+
+    shell = ResponseShell(
+        response_id=identity.response_id,
+        created_at=int(ctx.wall_clock()),
+        model=model,
+        instructions=request.instructions,
+        max_output_tokens=request.max_output_tokens,
+        previous_response_id=request.previous_response_id,
+        tool_choice=choice.echo,
+        tools=body.get("tools") or [],
+        text={"format": fmt.echo},
+        top_logprobs=request.top_logprobs,
+        parallel_tool_calls=True if request.parallel_tool_calls is None else request.parallel_tool_calls,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        metadata=request.metadata,
+        user=request.user,
+        store=request.storing,
+        truncation=request.truncation or "disabled",
+        service_tier=request.service_tier or "auto",
+        max_tool_calls=request.max_tool_calls,
+    )
+
+    def job_for(sink: JobSink) -> Job:
+        return make_job(plan, prompt, sink, request_id=request_id, cap=cap)
+
+    if request.streaming:
+        renderer = ResponsesStreamRenderer(shell=shell, plan=plan, ids=ids, logprobs=logprobs, clock=ctx.wall_clock)
+        await stream_job(call, job_for, renderer, identity.headers)
+        final = renderer.final
+        if final is None:
+            return
+        response_body = json_bytes(final)
+    else:
+        job = await collect_job(call, job_for)
+        response_body = json_bytes(final_response(shell, plan, ids, job, logprobs, int(ctx.wall_clock())))
+        call.respond(200, response_body, (*JSON_HEADERS, *identity.headers))
+    if request.storing:
+        said = _output_turn(plan, ids.call_id)
+        store.put(
+            StoredResponse(
+                response_id=identity.response_id,
+                body=response_body,
+                history=(*history, *conversation.turns, said),
+                has_tool_output=has_tool_output,
+            )
+        )
+
+
+def _plan_message(
+    ctx: ApiContext,
+    request: ResponsesRequest,
+    format_type: str,
+    schema: Any,
+    prompt_tokens: int,
+    cap: int,
+    request_id: str,
+    echo_text: str,
+) -> TurnPlan:
+    """The text of a message turn: random/echo text, or JSON for ``text.format``."""
+    rng = ctx.rng_for(request_id)
+    if format_type == "json_schema":
+        with planning_errors():
+            value = schema.generate(ctx.rng_for(request_id, 1), tool_options(ctx.config))
+        return plan_fixed_text(ctx, arguments_json(value), cap)
+    ignore_eos = bool(request.ignore_eos)
+    if format_type == "json_object":
+        budget = max(1, cap - _JSON_OBJECT_OVERHEAD)
+        inner = plan_text(ctx, rng, prompt_tokens=prompt_tokens, max_tokens=budget, ignore_eos=ignore_eos, echo_text=echo_text)
+        return plan_fixed_text(ctx, json.dumps({"response": "".join(inner.pieces)}, ensure_ascii=False), cap)
+    return plan_text(
+        ctx, rng, prompt_tokens=prompt_tokens, max_tokens=request.max_output_tokens, ignore_eos=ignore_eos, echo_text=echo_text
+    )
+
+
+def _output_turn(plan: TurnPlan, call_id: str) -> ChatTurn:
+    """What this turn said, as the next turn's prompt history shows it."""
+    block = plan.blocks[0]
+    if block.kind == TEXT:
+        return ChatTurn("assistant", plan.block_text(block))
+    return ChatTurn("assistant", tool_call_text(block.name, plan.block_text(block)))
+
+
+async def retrieve_response(call: Call) -> None:
+    entry = store_of(call.ctx).require(call.params["response_id"])
+    call.respond(200, entry.body)
+
+
+async def delete_response(call: Call) -> None:
+    response_id = call.params["response_id"]
+    if not store_of(call.ctx).delete(response_id):
+        raise not_found(response_id)
+    call.respond_json({"id": response_id, "object": "response", "deleted": True})
+
+
+async def cancel_response(call: Call) -> None:
+    """Only background responses can be cancelled, and llmsim runs none (vLLM's 400)."""
+    store_of(call.ctx).require(call.params["response_id"])
+    raise ApiError(400, "Cannot cancel a synchronous response.", param="response_id")
+
+
+def register(router: Router) -> None:
+    router.add("POST", "/v1/responses", create_response)
+    router.add("GET", "/v1/responses/{response_id}", retrieve_response)
+    router.add("DELETE", "/v1/responses/{response_id}", delete_response)
+    router.add("POST", "/v1/responses/{response_id}/cancel", cancel_response)

@@ -1,0 +1,174 @@
+"""What a job says: random corpus text or an echo of the prompt, and how long it is.
+
+Lengths follow llm-d-inference-sim (``pkg/dataset``):
+
+* ``ignore_eos``: exactly the cap.
+* ``max_tokens`` given: a histogram over [1, cap].  Caps up to 6 are uniform; above, six
+  buckets with probabilities 0.2 / 0.3 / 0.2 / 0.05 / 0.1 / 0.15, the last being the cap
+  itself and the first five splitting [1, cap - 1] — evenly up to cap 101, beyond that
+  20 tokens wide each except the fourth, which stretches.
+* no ``max_tokens``: Gaussian(mean 40, sd 20) rounded and resampled until it lies in
+  [1, limit] (uniform when limit < 20).
+
+The cap is ``max_tokens`` clamped to the room left in the context window
+(``max_model_len - prompt_tokens``, the limit), or the limit itself when no
+``max_tokens`` was given; ``finish_reason`` is ``"length"`` exactly when the output
+reaches the cap.  Every random draw comes from the ``rng`` passed in, so the same rng
+state gives the same text, byte for byte.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+
+import attrs
+
+from llmsim.config import Config
+from llmsim.model.corpus import SENTENCES
+from llmsim.model.tokenizer import Tokenizer
+
+__all__ = ["FinishReason", "GeneratedText", "TextGenerator", "histogram_bucket", "histogram_length", "unbounded_length"]
+
+_BUCKET_CUMULATIVE = (0.2, 0.5, 0.7, 0.75, 0.85)  # the sixth bucket (15%) is the cap
+_SMALL_CAP = len(_BUCKET_CUMULATIVE) + 1
+_FIXED_BUCKET_WIDTH = 20
+_FLEX_BUCKET = 3
+_EVEN_BUCKETS_UP_TO = _FIXED_BUCKET_WIDTH * len(_BUCKET_CUMULATIVE) + 1
+_MEAN_LENGTH = 40.0
+_LENGTH_STD_DEV = 20.0
+_UNIFORM_BELOW = 20
+
+
+class FinishReason:
+    """The finish_reason strings of vLLM and llm-d-inference-sim."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    TOOL_CALLS = "tool_calls"
+    REMOTE_DECODE = "remote_decode"
+    CACHE_THRESHOLD = "cache_threshold"
+    ABORT = "abort"
+
+
+@attrs.frozen
+class GeneratedText:
+    """A planned output: one piece and one id per token."""
+
+    pieces: tuple[str, ...]
+    token_ids: tuple[int, ...]
+    finish_reason: str  # "stop" or "length"
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+def histogram_bucket(cap: int, index: int) -> tuple[int, int]:
+    """The inclusive token range of histogram bucket ``index`` (0-4) for ``cap`` > 6."""
+    if cap <= _EVEN_BUCKETS_UP_TO:
+        width = (cap - 1) / len(_BUCKET_CUMULATIVE)
+        low, high = 1 + int(width * index), int(width * (index + 1))
+    elif index < _FLEX_BUCKET:
+        low, high = 1 + _FIXED_BUCKET_WIDTH * index, _FIXED_BUCKET_WIDTH * (index + 1)
+    else:
+        stretch = cap - _FIXED_BUCKET_WIDTH * len(_BUCKET_CUMULATIVE)  # how much wider the flex bucket is
+        low = 1 + _FIXED_BUCKET_WIDTH * index + (stretch if index > _FLEX_BUCKET else 0)
+        high = _FIXED_BUCKET_WIDTH * (index + 1) + stretch
+    return low, min(high, cap - 1)
+
+
+def histogram_length(rng: random.Random, cap: int) -> int:
+    """A response length in [1, cap] when the request gave ``max_tokens``."""
+    if cap <= 1:
+        return cap
+    if cap <= _SMALL_CAP:
+        return rng.randint(1, cap)
+    draw = rng.random()
+    if draw > _BUCKET_CUMULATIVE[-1]:
+        return cap
+    low, high = histogram_bucket(cap, bisect.bisect_left(_BUCKET_CUMULATIVE, draw))
+    return rng.randint(low, high)
+
+
+def unbounded_length(rng: random.Random, limit: int) -> int:
+    """A response length in [1, limit] when the request gave no ``max_tokens``."""
+    if limit < _UNIFORM_BELOW:
+        return rng.randint(1, limit)
+    while True:
+        value = rng.gauss(_MEAN_LENGTH, _LENGTH_STD_DEV)
+        if 1.0 <= value <= limit:
+            return math.floor(value + 0.5)
+
+
+class TextGenerator:
+    """Plans the output of one choice: random corpus text, or the echo of the prompt."""
+
+    def __init__(self, config: Config, tokenizer: Tokenizer) -> None:
+        self._echo = config.mode == "echo"
+        self._max_model_len = config.max_model_len
+        self._tokenizer = tokenizer
+        self._sentences = tuple(self._split(sentence) for sentence in SENTENCES)
+
+    def _split(self, text: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        pieces, ids = (tuple(self._tokenizer.tokenize(text)), tuple(self._tokenizer.encode(text)))
+        if len(pieces) != len(ids):
+            raise ValueError(f"tokenizer gave {len(pieces)} pieces but {len(ids)} ids for {text!r}")
+        return pieces, ids
+
+    def generate(
+        self,
+        rng: random.Random,
+        *,
+        max_tokens: int | None,
+        ignore_eos: bool,
+        prompt_tokens: int,
+        echo_text: str | None,
+    ) -> GeneratedText:
+        """Plan one output.  ``echo_text`` is what echo mode replays (ignored in random
+        mode); ``max_tokens=None`` means the request set no cap.
+
+        Raises:
+            ValueError: ``max_tokens`` < 1, the prompt leaves no room in the context
+                window, or echo mode without ``echo_text`` — requests the API must
+                reject before generating.
+        """
+        limit = self._max_model_len - prompt_tokens
+        if limit < 1:
+            raise ValueError(
+                f"a prompt of {prompt_tokens} tokens leaves no room within max_model_len {self._max_model_len}"
+            )
+        if max_tokens is not None and max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        cap = limit if max_tokens is None else min(max_tokens, limit)
+        if self._echo:
+            if echo_text is None:
+                raise ValueError("echo mode needs the text to echo (echo_text)")
+            return self._echo_of(echo_text, cap)
+        if ignore_eos:
+            length = cap
+        elif max_tokens is not None:
+            length = histogram_length(rng, cap)
+        else:
+            length = unbounded_length(rng, cap)
+        pieces, ids = self._draw(rng, length)
+        return GeneratedText(pieces, ids, FinishReason.LENGTH if length == cap else FinishReason.STOP)
+
+    def _echo_of(self, text: str, cap: int) -> GeneratedText:
+        pieces, ids = self._tokenizer.tokenize(text), self._tokenizer.encode(text)
+        finish = FinishReason.LENGTH if len(ids) >= cap else FinishReason.STOP
+        return GeneratedText(tuple(pieces[:cap]), tuple(ids[:cap]), finish)
+
+    def _draw(self, rng: random.Random, length: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """``length`` tokens of whole random sentences, the last one cut short."""
+        sentences = self._sentences
+        count = len(sentences)
+        pieces: list[str] = []
+        ids: list[int] = []
+        while len(pieces) < length:
+            sentence_pieces, sentence_ids = sentences[int(rng.random() * count)]
+            need = length - len(pieces)
+            pieces.extend(sentence_pieces[:need])
+            ids.extend(sentence_ids[:need])
+        return tuple(pieces), tuple(ids)

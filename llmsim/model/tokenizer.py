@@ -1,0 +1,252 @@
+"""Tokenizers: the built-in simulated one, and local Hugging Face ``tokenizer.json`` files.
+
+:class:`SimTokenizer` (the default) needs no files and no network.  It splits text the
+way llm-d-inference-sim's regex tokenizer does: each word or punctuation mark with the
+whitespace that follows it is one token (long words are cut every 16 characters).
+Token ids are a stable hash of the piece (CRC-32), so the same text has the same ids in
+every process, and ids are spread over 2**31 values so that distinct pieces practically
+never share one (``decode(encode(text)) == text``).  Ids map back to pieces through a
+bounded table of recently seen pieces plus the random-mode corpus, which is always known.
+
+:class:`HFTokenizer` loads a local ``tokenizer.json`` with the ``tokenizers`` library;
+it never fetches anything.
+
+Both render chat messages with the same built-in ChatML template, used to count chat
+prompt tokens.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import zlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+import attrs
+
+from llmsim.model.corpus import SENTENCES
+
+if TYPE_CHECKING:
+    import tokenizers
+
+__all__ = [
+    "IM_END",
+    "IM_START",
+    "SPECIAL_TOKENS",
+    "ChatTurn",
+    "HFTokenizer",
+    "SimTokenizer",
+    "Tokenizer",
+    "load_tokenizer",
+    "render_chat",
+]
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+END_OF_TEXT = "<|endoftext|>"
+#: Special tokens of the simulated vocabulary, with their ids.
+SPECIAL_TOKENS: dict[str, int] = {END_OF_TEXT: 1, IM_START: 2, IM_END: 3}
+
+
+@attrs.frozen
+class ChatTurn:
+    """One chat message reduced to what the template needs."""
+
+    role: str
+    content: str
+
+
+def render_chat(messages: Sequence[ChatTurn], *, add_generation_prompt: bool = True) -> str:
+    """The ChatML rendering of ``messages``, plus the assistant prompt if asked."""
+    parts = [f"{IM_START}{turn.role}\n{turn.content}{IM_END}\n" for turn in messages]
+    if add_generation_prompt:
+        parts.append(f"{IM_START}assistant\n")
+    return "".join(parts)
+
+
+class Tokenizer(Protocol):
+    """What the API and the text generator need from a tokenizer."""
+
+    @property
+    def vocab_size(self) -> int:
+        """Valid ids are ``0 <= id < vocab_size``."""
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no special tokens added)."""
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids``.  Raises ValueError for ids outside the vocabulary."""
+
+    def tokenize(self, text: str) -> list[str]:
+        """One piece of text per token of ``encode(text)``; the pieces concatenate back to
+        ``text`` (as far as the tokenizer's offsets allow)."""
+
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        """The vocabulary string of each id (as vLLM's ``/tokenize`` ``token_strs``).
+        Raises ValueError for ids outside the vocabulary."""
+
+    def apply_chat_template(self, messages: Sequence[ChatTurn], *, add_generation_prompt: bool = True) -> str:
+        """The prompt text a chat request is tokenized from."""
+
+
+def _placeholder(token_id: int) -> str:
+    """What an id nobody has seen decodes to: stable, and visibly not text."""
+    return f"<|unk_{token_id}|>"
+
+
+def _check_ids(ids: Sequence[int], vocab_size: int) -> None:
+    for token_id in ids:
+        if not 0 <= token_id < vocab_size:
+            raise ValueError(f"token id {token_id} is outside the vocabulary: ids go from 0 to {vocab_size - 1}")
+
+
+# --- the simulated tokenizer ---------------------------------------------------------------
+
+_MAX_WORD = 16
+_PIECE_RE = re.compile(
+    "|".join(re.escape(token) for token in SPECIAL_TOKENS) + rf"|\w{{1,{_MAX_WORD}}}\s*|[^\w\s]\s*|\s+"
+)
+_HASHED_BASE = 256  # ids below are reserved for special tokens
+_SIM_VOCAB_SIZE = 2**31
+
+
+def _piece_id(piece: str) -> int:
+    special = SPECIAL_TOKENS.get(piece)
+    if special is not None:
+        return special
+    return _HASHED_BASE + zlib.crc32(piece.encode("utf-8")) % (_SIM_VOCAB_SIZE - _HASHED_BASE)
+
+
+class _PieceIds(dict[str, int]):
+    """piece -> id, computing (and remembering both ways) ids of unseen pieces.
+
+    Bounded: past ``capacity`` learned pieces both maps start over from the pinned
+    ones (special tokens and the corpus), which stay decodable forever.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.pieces: dict[int, str] = {}
+        self._pinned: dict[str, int] = {}
+        for piece in SPECIAL_TOKENS:
+            self._pin(piece)
+        for sentence in SENTENCES:
+            for piece in _PIECE_RE.findall(sentence):
+                self._pin(piece)
+
+    def _pin(self, piece: str) -> None:
+        token_id = _piece_id(piece)
+        self._pinned[piece] = token_id
+        self[piece] = token_id
+        self.pieces[token_id] = piece
+
+    def __missing__(self, piece: str) -> int:
+        if len(self) >= self.capacity + len(self._pinned):
+            self.clear()
+            self.update(self._pinned)
+            self.pieces = {token_id: pinned for pinned, token_id in self._pinned.items()}
+        token_id = _piece_id(piece)
+        self[piece] = token_id
+        self.pieces[token_id] = piece
+        return token_id
+
+
+class SimTokenizer:
+    """The built-in tokenizer: regex pieces, hashed ids, no files."""
+
+    def __init__(self, *, capacity: int = 65536) -> None:
+        self._ids = _PieceIds(capacity)
+
+    @property
+    def vocab_size(self) -> int:
+        return _SIM_VOCAB_SIZE
+
+    def tokenize(self, text: str) -> list[str]:
+        return _PIECE_RE.findall(text)
+
+    def encode(self, text: str) -> list[int]:
+        ids = self._ids
+        return [ids[piece] for piece in _PIECE_RE.findall(text)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(self.token_strings(ids))
+
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        _check_ids(ids, _SIM_VOCAB_SIZE)
+        pieces = self._ids.pieces
+        return [pieces.get(token_id) or _placeholder(token_id) for token_id in ids]
+
+    def apply_chat_template(self, messages: Sequence[ChatTurn], *, add_generation_prompt: bool = True) -> str:
+        return render_chat(messages, add_generation_prompt=add_generation_prompt)
+
+
+# --- Hugging Face tokenizer.json -------------------------------------------------------------
+
+
+class HFTokenizer:
+    """A local Hugging Face ``tokenizer.json`` (never downloaded)."""
+
+    def __init__(self, tokenizer: tokenizers.Tokenizer) -> None:
+        self._tokenizer = tokenizer
+
+    @classmethod
+    def from_path(cls, path: str) -> HFTokenizer:
+        """Load ``path``: a ``tokenizer.json`` file or a directory holding one.
+
+        Raises:
+            ValueError: nothing loadable there (the message names the path).
+        """
+        # Imported here: the library takes a while to import and most runs never need it.
+        import tokenizers
+
+        file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+        if not os.path.isfile(file):
+            raise ValueError(
+                f"tokenizer {path!r}: no such file; pass a tokenizer.json file or a directory that holds one"
+            )
+        try:
+            return cls(tokenizers.Tokenizer.from_file(file))
+        except Exception as exc:  # the library raises plain Exception on bad files
+            raise ValueError(f"tokenizer {file!r} could not be loaded: {exc}") from exc
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._tokenizer.get_vocab_size(with_added_tokens=True))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        _check_ids(ids, self.vocab_size)
+        return str(self._tokenizer.decode(list(ids), skip_special_tokens=False))
+
+    def tokenize(self, text: str) -> list[str]:
+        """Cut ``text`` at each token's start offset, so that whatever the tokenizer's
+        offsets skip (such as whitespace it normalises away) stays with the previous
+        piece and the pieces always concatenate back to ``text``."""
+        offsets = self._tokenizer.encode(text, add_special_tokens=False).offsets
+        if not offsets:
+            return []
+        cuts = [0]
+        for start, _ in offsets[1:]:
+            cuts.append(max(start, cuts[-1]))
+        cuts.append(len(text))
+        return [text[begin:end] for begin, end in itertools.pairwise(cuts)]
+
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        _check_ids(ids, self.vocab_size)
+        to_token = self._tokenizer.id_to_token
+        return [to_token(token_id) or _placeholder(token_id) for token_id in ids]
+
+    def apply_chat_template(self, messages: Sequence[ChatTurn], *, add_generation_prompt: bool = True) -> str:
+        return render_chat(messages, add_generation_prompt=add_generation_prompt)
+
+
+def load_tokenizer(path: str | None) -> Tokenizer:
+    """``None``: the built-in :class:`SimTokenizer`; else the local HF tokenizer at ``path``."""
+    if path is None:
+        return SimTokenizer()
+    return HFTokenizer.from_path(path)

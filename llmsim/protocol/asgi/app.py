@@ -1,0 +1,232 @@
+"""The llmsim :class:`~llmsim.api.http.Application` as an ASGI 3 application.
+
+This is the reference the native connection handlers are measured against, so it
+goes through the same seam: one :class:`AsgiResponseStream` per request, written to
+synchronously by the API and pumped to ``send()`` by the ASGI task.
+
+Per ``http`` scope the task (1) reads the whole body, (2) runs the handler beside
+the pump and a disconnect watcher, and (3) when ``http.disconnect`` arrives, cancels
+the handler and the pump and runs the close callbacks.  The watcher is a dedicated
+task blocked in ``receive()``: under trio, ``receive()`` called in an
+already-cancelled scope never sees a queued disconnect (hypercorn issue #210), so
+nothing here polls.
+
+The last send is the exception.  hypercorn delivers ``http.disconnect`` to every
+request, from inside that send, once the response is complete; so the response
+counts as complete as soon as that send begins, and the send is shielded from the
+watcher.  On HTTP/2 it waits for the stream's buffer to drain, which never happens
+once the TCP connection has dropped, so it is bounded by a timeout instead.  A
+disconnect seen before it begins means it is never sent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import attrs
+import trio
+
+from llmsim.api.errors import JSON_HEADERS, error_body
+from llmsim.api.http import Application, HttpRequest
+from llmsim.protocol.asgi.stream import AsgiResponseStream
+from llmsim.protocol.settings import ConnectionTracker
+
+__all__ = ["AsgiApp", "request_from_scope"]
+
+log = logging.getLogger("llmsim.protocol.asgi.app")
+
+Message = Mapping[str, Any]
+Scope = Mapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+class _ClientGone(Exception):
+    """``http.disconnect`` arrived while the request body was being read."""
+
+
+@attrs.define(eq=False)
+class AsgiApp:
+    """ASGI 3 ``(scope, receive, send)`` callable serving ``app``.
+
+    Args:
+        app: what answers the requests.
+        tracker: counts active streams and requests served.
+        max_body_size: larger request bodies are answered 413 (after being drained,
+            so that the client, still sending, can read the answer).
+        final_send_timeout: bound on the last ``send()`` of a response (see module doc);
+            on a live connection the bytes still go out after it, it only stops waiting.
+    """
+
+    app: Application
+    tracker: ConnectionTracker = attrs.field(factory=ConnectionTracker)
+    max_body_size: int = 4 * 1024 * 1024
+    final_send_timeout: float = 5.0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "lifespan":
+            await _lifespan(receive, send)
+        elif kind == "websocket":
+            await send({"type": "websocket.close"})
+        else:
+            raise ValueError(f"unsupported ASGI scope type {kind!r}")
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """One request, counted.  ASGI hides connections from the app, so each request
+        counts as a connection of its own in ``open_connections``."""
+        self.tracker.connection_opened()
+        self.tracker.stream_opened()
+        try:
+            if await self._serve(scope, receive, send):
+                self.tracker.request_served()
+        finally:
+            self.tracker.stream_closed()
+            self.tracker.connection_closed()
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Answer one request; True if the response was sent to its end."""
+        try:
+            body = await _read_body(receive, self.max_body_size)
+        except _ClientGone:
+            return False
+        if body is None:
+            stream = AsgiResponseStream()
+            _respond_error(stream, 413, f"Request body too large: the limit is {self.max_body_size} bytes.")
+            return await self._pump_until_disconnect(stream, receive, send)
+        return await self._respond(request_from_scope(scope, body), receive, send)
+
+    async def _respond(self, request: HttpRequest, receive: Receive, send: Send) -> bool:
+        stream = AsgiResponseStream()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._run_handler, request, stream)
+            return await self._pump_until_disconnect(stream, receive, send)
+
+    async def _pump_until_disconnect(self, stream: AsgiResponseStream, receive: Receive, send: Send) -> bool:
+        """The pump, and a watcher that stops it when the client leaves."""
+        served = False
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_watch_disconnect, receive, stream, nursery.cancel_scope)
+            served = await self._pump(stream, send)
+            nursery.cancel_scope.cancel()
+        return served
+
+    async def _run_handler(self, request: HttpRequest, stream: AsgiResponseStream) -> None:
+        """``app.handle``, with a 500 for a handler that fails or forgets to answer.
+
+        A handler that fails after deciding its head is left to raise: only the server
+        can abort a started response (hypercorn logs it and cuts the stream).
+        """
+        try:
+            with stream.cancel_scope:
+                await self.app.handle(request, stream)
+        except Exception:
+            if stream.started:
+                raise
+            log.exception("handler for %s %s failed", request.method, request.path)
+            _respond_error(stream, 500, "the server failed while answering this request; see the server log")
+            return
+        if not stream.ended and not stream.gone:
+            log.error("handler for %s %s returned without ending its response", request.method, request.path)
+            if stream.started:
+                stream.end()
+            else:
+                _respond_error(stream, 500, "the server returned without completing this response; see the server log")
+
+    async def _pump(self, stream: AsgiResponseStream, send: Send) -> bool:
+        """Send the head, then one body message per wake-up, until the end.
+        True if the last message was delivered."""
+        await stream.wait_pending()
+        await send({"type": "http.response.start", "status": stream.status, "headers": list(stream.headers)})
+        while True:
+            body = stream.take()
+            if stream.ended:
+                return await self._send_last(stream, send, body)
+            if body:
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+                stream.sent()
+            await stream.wait_pending()
+
+    async def _send_last(self, stream: AsgiResponseStream, send: Send, body: bytes) -> bool:
+        """The ``more_body=False`` message: shielded from the disconnect watcher, since
+        hypercorn reports ``http.disconnect`` from inside this very send when a response
+        completes, and a cancellation there would cut its connection bookkeeping short.
+        Bounded instead: on HTTP/2 this send never returns once the connection dropped."""
+        if stream.gone:
+            return False
+        stream.finish()
+        with trio.move_on_after(self.final_send_timeout, shield=True) as scope:
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+        return not scope.cancelled_caught
+
+
+def request_from_scope(scope: Scope, body: bytes) -> HttpRequest:
+    """The :class:`HttpRequest` of an ASGI ``http`` scope.
+
+    The path is ``raw_path`` (not percent-decoded, as the native handlers see the
+    request target) when the server gives it.
+    """
+    raw_path: bytes | None = scope.get("raw_path")
+    path = raw_path.decode("latin-1") if raw_path else scope["path"]
+    return HttpRequest(
+        method=scope["method"],
+        path=path,
+        query=scope.get("query_string", b"").decode("latin-1"),
+        headers=tuple((bytes(name).lower(), bytes(value)) for name, value in scope["headers"]),
+        body=body,
+        http_version=scope.get("http_version", "1.1"),
+        scheme=scope.get("scheme", "http"),
+    )
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The whole request body, or None if it is over ``limit`` bytes.
+
+    An oversized body is still read to its end and dropped: hypercorn feeds body
+    chunks into a small bounded queue, and an app that stops reading blocks the
+    connection's reader, and with it the disconnect that would end this task.
+    """
+    body = bytearray()
+    too_large = False
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+        chunk = message.get("body", b"")
+        too_large = too_large or len(body) + len(chunk) > limit
+        if not too_large:
+            body += chunk
+        if not message.get("more_body", False):
+            return None if too_large else bytes(body)
+
+
+async def _watch_disconnect(receive: Receive, stream: AsgiResponseStream, pump: trio.CancelScope) -> None:
+    """Wait for ``http.disconnect``; then tell ``stream`` (which cancels its handler
+    unless the response was complete) and cancel the ``pump`` (its last send is
+    shielded): a body send can block forever on a dropped HTTP/2 connection too."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    stream.client_gone()
+    pump.cancel()
+
+
+def _respond_error(stream: AsgiResponseStream, status: int, message: str) -> None:
+    body = error_body(status, message)
+    stream.start(status, (*JSON_HEADERS, (b"content-length", str(len(body)).encode())))
+    stream.end(body)
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    """Acknowledge startup and shutdown.  Not implementing lifespan crashes
+    ``hypercorn.trio.serve`` (the lifespan channel closes before startup is sent)."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

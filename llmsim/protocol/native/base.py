@@ -1,0 +1,72 @@
+"""The contract between a connection (socket, reader, writer) and its protocol handler.
+
+A :class:`~llmsim.protocol.native.connection.Connection` owns the socket and exactly two
+long-lived tasks: a reader that hands every received chunk to
+:meth:`ProtocolHandler.receive`, and a writer that, whenever woken, asks
+:meth:`ProtocolHandler.outgoing` for *all* pending bytes and sends them with one
+``send_all``.  The handlers (HTTP/1.1 on h11, HTTP/2 on h2) are synchronous: they
+never await, they only parse, buffer, spawn request handlers and wake the writer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from llmsim.api.http import Application
+from llmsim.protocol.settings import ConnectionTracker, ProtocolSettings
+
+__all__ = ["Transport", "ProtocolHandler"]
+
+
+class Transport(Protocol):
+    """What a connection offers the protocol handler running on it."""
+
+    app: Application
+    settings: ProtocolSettings
+    tracker: ConnectionTracker
+    scheme: str  # "http" or "https"
+    shutting_down: bool
+
+    def wake_writer(self) -> None:
+        """There are bytes to send: the writer will call ``outgoing`` soon."""
+
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Run ``fn(*args)`` as a task of this connection."""
+
+    def set_read_deadline(self, deadline: float) -> None:
+        """Call ``read_timed_out`` if nothing is received by ``deadline`` (trio time)."""
+
+    def pause_reading(self) -> None:
+        """Stop reading the socket until :meth:`resume_reading`."""
+
+    def resume_reading(self) -> None: ...
+
+    def switch_to(self, handler: ProtocolHandler) -> None:
+        """Hand the connection to ``handler`` (HTTP/1.1 -> HTTP/2 after ``Upgrade: h2c``)."""
+
+
+class ProtocolHandler(Protocol):
+    """The synchronous protocol side of one connection."""
+
+    @property
+    def finished(self) -> bool:
+        """Nothing more will be sent: the connection may close after the last flush."""
+
+    def receive(self, data: bytes) -> None:
+        """Bytes from the peer; ``b""`` is EOF."""
+
+    def read_timed_out(self) -> bool:
+        """The read deadline passed; True to keep reading (else the reader stops)."""
+
+    def outgoing(self) -> bytes:
+        """Everything that can be sent now (may be empty)."""
+
+    def flushed(self) -> None:
+        """The bytes of the last ``outgoing`` call are on the wire."""
+
+    def connection_lost(self) -> None:
+        """The socket is gone: abort every stream."""
+
+    def begin_shutdown(self) -> None:
+        """Finish what is in flight, accept nothing new, then finish."""

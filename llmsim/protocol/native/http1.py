@@ -1,0 +1,309 @@
+"""HTTP/1.1 on h11: keep-alive, pipelining, chunked streaming, 100-continue, ``Upgrade: h2c``.
+
+One request at a time: the next pipelined request is not parsed until the current
+response has been written to the end (h11 is PAUSED meanwhile), so responses leave in
+request order.  The socket is still read during a response, so that a client that goes
+away is seen at once; what it pipelines meanwhile waits in h11's buffer (up to
+``max_pipelined_bytes``, then reading pauses).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import attrs
+import h11
+import trio
+
+from llmsim.api.http import HttpRequest, reason_phrase
+from llmsim.protocol.native.base import Transport
+from llmsim.protocol.native.frames import chunk, h11_sends_chunked
+from llmsim.protocol.native.http2 import UPGRADE_ERRORS, Http2Handler
+from llmsim.protocol.native.stream import OutboundStream, content_length, run_handler, split_target
+
+__all__ = ["Http1Handler"]
+
+log = logging.getLogger("llmsim.protocol")
+
+_CLOSE = (b"connection", b"close")
+# Written by hand: h11 is left behind once the connection speaks HTTP/2.
+_SWITCHING_TO_H2C = b"HTTP/1.1 101 Switching Protocols\r\nconnection: Upgrade\r\nupgrade: h2c\r\n\r\n"
+
+
+class Http1Handler:
+    """The HTTP/1.1 side of one connection."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._t = transport
+        self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=transport.settings.max_header_bytes)
+        self._response: OutboundStream | None = None
+        self._request: h11.Request | None = None  # head of the request whose body is arriving
+        self._body: list[bytes] = []
+        self._body_size = 0
+        self._out: list[bytes] = []  # bytes made here rather than by a response: 100 Continue
+        self._end_sent = False  # EndOfMessage of the current response is in the last batch
+        self._chunked = False  # h11 chose chunked framing for the current response: chunks are made here
+        self._closing = False  # close once the current response is out
+        self._finished = False
+        self._pipelined = 0  # bytes received while the current response is in flight
+        self._head_deadline: float | None = trio.current_time() + transport.settings.header_read_timeout
+        self._idle_deadline = math.inf
+        transport.set_read_deadline(self._head_deadline)
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    # --- input -------------------------------------------------------------------------
+    def receive(self, data: bytes) -> None:
+        if self._finished:
+            return  # closing: discard what the client still sends
+        self._h11.receive_data(data)
+        if self._response is not None:
+            self._pipelined += len(data)
+            if self._pipelined > self._t.settings.max_pipelined_bytes:
+                self._t.pause_reading()
+            return
+        if data and self._request is None and self._head_deadline is None:
+            self._head_deadline = trio.current_time() + self._t.settings.header_read_timeout
+        self._process()
+
+    def _process(self) -> None:
+        """Parse events until a request is complete or more bytes are needed."""
+        while self._response is None and not self._finished:
+            try:
+                event = self._h11.next_event()
+            except h11.RemoteProtocolError as exc:
+                self._reject(exc.error_status_hint, f"malformed HTTP/1.1 request: {exc}")
+                return
+            if event is h11.NEED_DATA:
+                self._wait_for_more()
+                return
+            if isinstance(event, h11.Request):
+                self._on_head(event)
+            elif isinstance(event, h11.Data):
+                self._on_body(event.data)
+            elif isinstance(event, h11.EndOfMessage):
+                self._on_request_complete()
+            else:  # ConnectionClosed (PAUSED cannot happen without a response in flight)
+                self._finish()
+
+    def _wait_for_more(self) -> None:
+        if self._request is not None:
+            return  # reading a body: _on_head/_on_body set the deadline
+        deadline = self._head_deadline if self._head_deadline is not None else self._idle_deadline
+        self._t.set_read_deadline(deadline)
+
+    def _on_head(self, request: h11.Request) -> None:
+        self._request = request
+        self._head_deadline = None
+        self._refresh_body_deadline()
+        # h11 bounds only heads that arrive in pieces; one that came whole is measured here.
+        head_limit = self._t.settings.max_header_bytes
+        if _head_size(request) > head_limit:
+            self._reject(431, f"request line and headers exceed {head_limit} bytes")
+            return
+        limit = self._t.settings.max_body_bytes
+        length = content_length(request.headers)
+        if length is not None and length > limit:
+            self._reject(
+                413, f"request body of {length} bytes exceeds the limit of {limit} bytes (max-request-body-size-mb)"
+            )
+            return
+        if self._h11.they_are_waiting_for_100_continue:
+            self._out.append(self._send(h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue")))
+            self._t.wake_writer()
+
+    def _on_body(self, data: bytes) -> None:
+        self._body.append(data)
+        self._body_size += len(data)
+        self._refresh_body_deadline()
+        limit = self._t.settings.max_body_bytes
+        if self._body_size > limit:
+            self._reject(413, f"request body exceeds the limit of {limit} bytes (max-request-body-size-mb)")
+
+    def _refresh_body_deadline(self) -> None:
+        self._t.set_read_deadline(trio.current_time() + self._t.settings.header_read_timeout)
+
+    def _on_request_complete(self) -> None:
+        head = self._request
+        assert head is not None
+        self._request = None
+        body = b"".join(self._body)
+        self._body = []
+        self._body_size = 0
+        request = _http_request(head, body, self._t.scheme)
+        if _wants_h2c(head, body) and self._t.scheme == "http" and self._upgrade(head, request):
+            return
+        stream = self._open_response(head_only=request.method == "HEAD")
+        self._t.spawn(run_handler, self._t.app, request, stream)
+
+    def _upgrade(self, head: h11.Request, request: HttpRequest) -> bool:
+        """Switch to HTTP/2 with ``request`` as stream 1; False (serve it here) if the
+        ``HTTP2-Settings`` header is unusable."""
+        settings_header = _header(head, b"http2-settings")
+        preamble = b"".join(self._out) + _SWITCHING_TO_H2C
+        try:
+            handler = Http2Handler(self._t, preamble=preamble, upgrade_settings=settings_header)
+        except UPGRADE_ERRORS as exc:
+            log.debug("declining Upgrade: h2c, bad HTTP2-Settings header: %s", exc)
+            return False
+        self._out = []
+        self._finished = True
+        trailing, _ = self._h11.trailing_data
+        self._t.switch_to(handler)
+        handler.serve_upgraded(attrs.evolve(request, http_version="2"))
+        handler.receive(trailing)
+        return True
+
+    def read_timed_out(self) -> bool:
+        if self._request is not None or self._h11.trailing_data[0]:
+            self._reject(408, "timed out reading the request (header-read-timeout)")
+        else:
+            self._finish()  # idle keep-alive connection
+        return False
+
+    # --- responses ---------------------------------------------------------------------
+    def _open_response(self, *, head_only: bool = False) -> OutboundStream:
+        settings = self._t.settings
+        stream = OutboundStream(self, settings.high_water, settings.low_water, head_only=head_only)
+        self._response = stream
+        self._end_sent = False
+        self._chunked = False
+        self._pipelined = 0
+        self._t.tracker.stream_opened()
+        self._t.set_read_deadline(math.inf)
+        return stream
+
+    def _reject(self, status: int, message: str) -> None:
+        """Answer with an error made here, then close (the request cannot be trusted)."""
+        self._closing = True
+        self._request = None
+        self._body = []
+        self._open_response().respond_error(status, message, (_CLOSE,))
+
+    def schedule(self, stream: OutboundStream) -> None:
+        self._t.wake_writer()
+
+    def fail(self, stream: OutboundStream) -> None:
+        """HTTP/1.1 cannot abort one response: send what is buffered, then close mid-body."""
+        self._render(stream, self._out)
+        self.connection_lost()
+        self._finish()
+
+    def outgoing(self) -> bytes:
+        stream = self._response
+        if stream is not None and not stream.closed:
+            if self._chunked and not self._out and not stream.ended and stream.buffered:
+                # The per-token case: one chunk, what h11's send(Data(...)) would return.
+                data = stream.take(stream.buffered)
+                return b"%x\r\n%b\r\n" % (len(data), data)
+            self._render(stream, self._out)
+        out, self._out = self._out, []
+        return b"".join(out)
+
+    def _render(self, stream: OutboundStream, out: list[bytes]) -> None:
+        try:
+            self._render_events(stream, out)
+        except h11.LocalProtocolError as exc:
+            log.error("a response is not valid HTTP/1.1 (%s); closing the connection", exc)
+            self.connection_lost()
+
+    def _render_events(self, stream: OutboundStream, out: list[bytes]) -> None:
+        if stream.head_pending:
+            status, headers = stream.take_head()
+            if self._closing or self._t.shutting_down:
+                headers = (*headers, _CLOSE)
+            response = h11.Response(status_code=status, headers=list(headers), reason=reason_phrase(status))
+            out.append(self._send(response))
+            self._chunked = h11_sends_chunked(self._h11)
+        if stream.buffered:
+            data = stream.take(stream.buffered)
+            if self._chunked:
+                chunk(out, data)  # what h11's send(Data(data)) returns, without its event machinery
+            else:
+                out.append(self._send(h11.Data(data=data)))
+        if stream.complete and not self._end_sent:
+            out.append(self._send(h11.EndOfMessage()))
+            self._end_sent = True
+
+    def _send(self, event: h11.Event) -> bytes:
+        data = self._h11.send(event)
+        assert data is not None  # only ConnectionClosed sends nothing
+        return data
+
+    def flushed(self) -> None:
+        stream = self._response
+        if stream is None:
+            return
+        stream.flushed()
+        if self._end_sent:
+            self._response_done(stream)
+
+    def _response_done(self, stream: OutboundStream) -> None:
+        stream.finish()
+        self._response = None
+        self._t.tracker.stream_closed()
+        self._t.tracker.request_served()
+        if self._closing or self._t.shutting_down or self._h11.our_state is not h11.DONE:
+            self._finish()  # Connection: close, HTTP/1.0, or an error answered early
+            return
+        self._h11.start_next_cycle()
+        now = trio.current_time()
+        self._idle_deadline = now + self._t.settings.keep_alive_timeout
+        self._head_deadline = now + self._t.settings.header_read_timeout if self._h11.trailing_data[0] else None
+        self._t.resume_reading()
+        self._process()
+
+    # --- lifecycle ---------------------------------------------------------------------
+    def connection_lost(self) -> None:
+        stream, self._response = self._response, None
+        if stream is not None:
+            self._t.tracker.stream_closed()
+            stream.abort()
+        self._finished = True
+
+    def begin_shutdown(self) -> None:
+        self._closing = True
+        if self._response is None:
+            self._finish()
+
+    def _finish(self) -> None:
+        self._finished = True
+        self._t.resume_reading()  # so that the close can drain what the client still sends
+        self._t.wake_writer()
+
+
+def _http_request(head: h11.Request, body: bytes, scheme: str) -> HttpRequest:
+    path, query = split_target(head.target)
+    return HttpRequest(
+        method=head.method.decode("ascii"),
+        path=path,
+        query=query,
+        headers=tuple((name, value) for name, value in head.headers),
+        body=body,
+        http_version=head.http_version.decode("ascii"),
+        scheme=scheme,
+    )
+
+
+def _head_size(head: h11.Request) -> int:
+    return len(head.target) + sum(len(name) + len(value) + 4 for name, value in head.headers)
+
+
+def _header(head: h11.Request, name: bytes) -> bytes | None:
+    for key, value in head.headers:
+        if key == name:
+            return value
+    return None
+
+
+def _wants_h2c(head: h11.Request, body: bytes) -> bool:
+    """``Upgrade: h2c`` with one HTTP2-Settings header and no body (RFC 7540 section 3.2;
+    a body would have to be read in HTTP/1.1 first, so such requests are served here)."""
+    upgrade = _header(head, b"upgrade")
+    if upgrade is None or b"h2c" not in [token.strip().lower() for token in upgrade.split(b",")]:
+        return False
+    settings = [value for key, value in head.headers if key == b"http2-settings"]
+    return len(settings) == 1 and not body and _header(head, b"transfer-encoding") is None

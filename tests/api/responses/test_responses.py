@@ -1,0 +1,273 @@
+"""/v1/responses through the real router, engine and generators on trio's mock clock
+(no server): validation errors, the tool-turn rules of seed 000, text.format, and the
+store (previous_response_id, GET, DELETE, 404)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+import orjson
+import pytest
+import trio
+from trio.testing import MockClock
+
+from llmsim.api.http import HttpRequest
+from llmsim.api.responses.store import ResponseStore, StoredResponse
+from llmsim.app import Simulator
+from tests.api.fakes import CREATED, FakeResponse, post, running
+
+PATH = "/v1/responses"
+LATENCY = {"time_to_first_token": 0.1, "inter_token_latency": 0.01}
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 5}},
+    "required": ["city", "days"],
+}
+TOOLS: list[Any] = [{"type": "function", "name": "get_weather", "description": "Weather", "parameters": SCHEMA}]
+
+
+async def get(sim: Simulator, path: str, method: str = "GET") -> FakeResponse:
+    response = FakeResponse()
+    await sim.app.handle(HttpRequest(method, path), response)
+    return response
+
+
+def output_types(response: FakeResponse) -> list[str]:
+    return [item["type"] for item in response.json()["output"]]
+
+
+async def test_non_streaming_text_turn(autojump_clock: MockClock) -> None:
+    async with running(**LATENCY) as sim:
+        started = trio.current_time()
+        response = await post(sim, PATH, {"input": "Hi there", "max_output_tokens": 4, "ignore_eos": True})
+        elapsed = trio.current_time() - started
+    body = response.json()
+    assert response.status == 200 and response.headers[b"content-type"] == b"application/json"
+    assert elapsed == pytest.approx(0.13)
+    assert body["object"] == "response" and body["created_at"] == CREATED and body["id"].startswith("resp_")
+    assert body["status"] == "incomplete" and body["incomplete_details"] == {"reason": "max_output_tokens"}
+    [message] = body["output"]
+    assert message["id"] == "msg_" + body["id"][len("resp_") :]
+    assert message["type"] == "message" and message["role"] == "assistant" and message["status"] == "incomplete"
+    assert message["content"][0]["type"] == "output_text" and message["content"][0]["text"]
+    assert body["usage"]["output_tokens"] == 4
+    assert list(body["usage"]) == ["input_tokens", "input_tokens_details", "output_tokens", "output_tokens_details", "total_tokens"]
+
+
+async def test_stream_head_is_sent_at_once_and_content_after_ttft(autojump_clock: MockClock) -> None:
+    async with running(**LATENCY) as sim:
+        started = trio.current_time()
+        response = await post(sim, PATH, {"input": "Hi", "max_output_tokens": 3, "ignore_eos": True, "stream": True})
+    assert response.headers[b"content-type"] == b"text/event-stream; charset=utf-8"
+    times = [round(when - started, 6) for when, _ in response.writes]
+    assert times == [0.0, 0.1, 0.11, 0.12]
+    assert response.writes[0][1].startswith(b"event: response.created\n")
+    assert b"[DONE]" not in response.body
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "message"),
+    [
+        ({}, "input", "input is required"),
+        ({"input": 5}, "input", "Invalid type for 'input'"),
+        ({"input": "x", "max_output_tokens": 0}, "max_output_tokens", "should be positive"),
+        ({"input": "x", "top_logprobs": 21}, "top_logprobs", "between 0 and 20"),
+        ({"input": "x", "stream": "yes"}, "stream", "Invalid type"),
+        ({"input": [{"type": "message", "content": "x"}]}, "input[0].role", "required"),
+        ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role", "Invalid role"),
+        ({"input": [{"role": "user", "content": [{"type": "input_video"}]}]}, "input[0].content[0].type", "Unknown content part"),
+        ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, "input[0].content[0].text", "has no 'text'"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0].content[0].image_url", "needs"),
+        ({"input": [{"type": "web_search_call"}]}, "input[0].type", "Unsupported input item type"),
+        ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input[0].call_id", "required"),
+        ({"input": [{"type": "function_call_output", "call_id": "c"}]}, "input[0].output", "required"),
+        ({"input": "x", "tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "Invalid tool_choice"),
+        ({"input": "x", "tools": TOOLS, "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice", "not found"),
+        ({"input": "x", "tools": TOOLS, "tool_choice": {"type": "function"}}, "tool_choice.name", "needs a 'name'"),
+        ({"input": "x", "tool_choice": {"type": "file_search"}}, "tool_choice.type", "Unsupported tool_choice"),
+        ({"input": "x", "tool_choice": 3}, "tool_choice", "expected a string or an object"),
+        ({"input": "x", "tools": [{"type": "function", "parameters": SCHEMA}]}, "tools[0].name", "required"),
+        (
+            {"input": "x", "tools": [{"type": "function", "name": "f", "parameters": {"type": "object", "not": {}}}]},
+            "tools[0].parameters",
+            "Tool validation failed",
+        ),
+        ({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": [1]}]}, "tools[0].parameters", "expected an object"),
+        ({"input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}}, "text.format.schema", "required"),
+        ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format.type", "Invalid text.format type"),
+        ({"input": "x", "text": {"format": {"type": "json_schema", "schema": {"type": "foo"}}}}, "text.format.schema", "failed"),
+        ({"input": "x", "background": True}, "background", "not supported"),
+    ],
+)
+async def test_validation_errors(autojump_clock: MockClock, body: dict[str, Any], param: str, message: str) -> None:
+    async with running() as sim:
+        response = await post(sim, PATH, body)
+    assert response.status == 400, response.body
+    error = response.json()["error"]
+    assert error["type"] == "BadRequestError" and error["code"] == 400
+    assert error["param"] == param and message in error["message"]
+
+
+async def test_unknown_model_and_context_length(autojump_clock: MockClock) -> None:
+    async with running(max_model_len=20) as sim:
+        unknown = await post(sim, PATH, {"model": "nope", "input": "x"})
+        too_long = await post(sim, PATH, {"input": "word " * 30})
+        too_many = await post(sim, PATH, {"input": "x", "max_output_tokens": 100})
+    assert unknown.status == 404 and unknown.json()["error"]["message"] == "The model `nope` does not exist."
+    assert too_long.status == 400 and "maximum context length" in too_long.json()["error"]["message"]
+    assert too_many.status == 400 and too_many.json()["error"]["param"] == "max_output_tokens"
+
+
+async def test_tool_turn_rules(autojump_clock: MockClock) -> None:
+    question = {"role": "user", "content": "Weather in Paris?"}
+    call = {"type": "function_call", "call_id": "call_a", "name": "get_weather", "arguments": '{"city": "Paris", "days": 1}'}
+    output = {"type": "function_call_output", "call_id": "call_a", "output": "sunny"}
+    async with running() as sim:
+        omitted = await post(sim, PATH, {"input": [question], "tools": TOOLS})
+        auto = await post(sim, PATH, {"input": [question], "tools": TOOLS, "tool_choice": "auto"})
+        required = await post(sim, PATH, {"input": [question], "tools": TOOLS, "tool_choice": "required"})
+        none = await post(sim, PATH, {"input": [question], "tools": TOOLS, "tool_choice": "none"})
+        after_output = await post(sim, PATH, {"input": [question, call, output], "tools": TOOLS, "tool_choice": "required"})
+        allowed = await post(
+            sim, PATH, {"input": "x", "tools": TOOLS, "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": []}}
+        )
+        custom = await post(sim, PATH, {"input": "x", "tools": TOOLS, "tool_choice": {"type": "custom", "name": "c"}})
+        hosted_only = await post(sim, PATH, {"input": "x", "tools": [{"type": "web_search"}]})
+    for response in (omitted, auto, required, allowed, custom):
+        assert output_types(response) == ["function_call"], response.body
+        [item] = response.json()["output"]
+        jsonschema.validate(json.loads(item["arguments"]), SCHEMA)
+        assert item["name"] == "get_weather" and item["status"] == "completed"
+        assert item["call_id"].startswith("call_") and item["id"].startswith("fc_")
+    for response in (none, after_output, hosted_only):
+        assert output_types(response) == ["message"], response.body
+    assert custom.json()["tool_choice"] == {"type": "custom", "name": "c"}
+
+
+async def test_named_tool_choice_calls_that_tool(autojump_clock: MockClock) -> None:
+    tools = [*TOOLS, {"type": "function", "name": "other", "parameters": None}]
+    async with running() as sim:
+        responses = [
+            await post(sim, PATH, {"input": "x", "tools": tools, "tool_choice": {"type": "function", "name": "other"}})
+            for _ in range(5)
+        ]
+        nested = await post(
+            sim, PATH, {"input": "x", "tools": [{"type": "function", "function": {"name": "g", "parameters": SCHEMA}}]}
+        )
+    for response in responses:
+        [item] = response.json()["output"]
+        assert (item["name"], item["arguments"]) == ("other", "{}")
+    assert nested.json()["output"][0]["name"] == "g"
+
+
+async def test_tools_stay_off_across_previous_response_id(autojump_clock: MockClock) -> None:
+    async with running() as sim:
+        first = (await post(sim, PATH, {"input": "Weather?", "tools": TOOLS})).json()
+        [call] = first["output"]
+        output = {"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}
+        second = (await post(sim, PATH, {"input": [output], "tools": TOOLS, "previous_response_id": first["id"]})).json()
+        third = await post(sim, PATH, {"input": "And tomorrow?", "tools": TOOLS, "previous_response_id": second["id"]})
+    assert second["output"][0]["type"] == "message"
+    assert output_types(third) == ["message"]  # history carries a function_call_output
+
+
+async def test_previous_response_id_history_is_counted_and_instructions_are_not_carried(autojump_clock: MockClock) -> None:
+    async with running() as sim:
+        first = (await post(sim, PATH, {"input": "Hello", "instructions": "Be kind.", "max_output_tokens": 5})).json()
+        alone = (await post(sim, PATH, {"input": "Again"})).json()
+        second = (await post(sim, PATH, {"input": "Again", "previous_response_id": first["id"]})).json()
+    assert second["previous_response_id"] == first["id"] and second["instructions"] is None
+    history = second["usage"]["input_tokens"] - alone["usage"]["input_tokens"]
+    # The first turn's input and output come back, without its instructions.
+    assert first["usage"]["output_tokens"] < history < first["usage"]["input_tokens"] + first["usage"]["output_tokens"]
+
+
+async def test_store_get_delete_and_404(autojump_clock: MockClock) -> None:
+    async with running() as sim:
+        stored = await post(sim, PATH, {"input": "Hello", "max_output_tokens": 5})
+        unstored = await post(sim, PATH, {"input": "Hello", "store": False})
+        streamed = await post(sim, PATH, {"input": "Hello", "stream": True})
+        got = await get(sim, f"{PATH}/{stored.json()['id']}")
+        got_unstored = await get(sim, f"{PATH}/{unstored.json()['id']}")
+        completed = orjson.loads(streamed.body.rsplit(b"data: ", 1)[1])["response"]
+        got_streamed = await get(sim, f"{PATH}/{completed['id']}")
+        chained_to_unstored = await post(sim, PATH, {"input": "x", "previous_response_id": unstored.json()["id"]})
+        cancel = await get(sim, f"{PATH}/{stored.json()['id']}/cancel", method="POST")
+        deleted = await get(sim, f"{PATH}/{stored.json()['id']}", method="DELETE")
+        after_delete = await get(sim, f"{PATH}/{stored.json()['id']}")
+    assert got.status == 200 and got.body == stored.body
+    assert unstored.json()["store"] is False
+    assert got_streamed.json() == completed
+    assert got_unstored.status == 404
+    assert got_unstored.json() == {
+        "error": {
+            "message": f"Response with id '{unstored.json()['id']}' not found.",
+            "type": "invalid_request_error",
+            "param": "response_id",
+            "code": 404,
+        }
+    }
+    assert chained_to_unstored.status == 404
+    assert cancel.status == 400 and cancel.json()["error"]["message"] == "Cannot cancel a synchronous response."
+    assert deleted.json() == {"id": stored.json()["id"], "object": "response", "deleted": True}
+    assert after_delete.status == 404
+
+
+def test_store_is_a_bounded_lru() -> None:
+    store = ResponseStore(capacity=2)
+    for name in ("a", "b"):
+        store.put(StoredResponse(name, b"{}", (), False))
+    assert store.get("a") is not None  # a is now the most recently used
+    store.put(StoredResponse("c", b"{}", (), False))
+    assert "b" not in store and "a" in store and "c" in store and len(store) == 2
+
+
+async def test_structured_output_formats(autojump_clock: MockClock) -> None:
+    fmt = {"type": "json_schema", "name": "weather", "schema": SCHEMA, "strict": True}
+    async with running() as sim:
+        schema_response = await post(sim, PATH, {"input": "x", "text": {"format": fmt}})
+        object_response = await post(sim, PATH, {"input": "x", "text": {"format": {"type": "json_object"}}})
+        streamed = await post(sim, PATH, {"input": "x", "stream": True, "text": {"format": fmt}})
+    jsonschema.validate(json.loads(schema_response.json()["output"][0]["content"][0]["text"]), SCHEMA)
+    assert schema_response.json()["text"] == {"format": fmt}
+    assert isinstance(json.loads(object_response.json()["output"][0]["content"][0]["text"]), dict)
+    deltas = [
+        orjson.loads(frame.split(b"data: ", 1)[1])["delta"]
+        for frame in streamed.body.split(b"\n\n")
+        if frame.startswith(b"event: response.output_text.delta")
+    ]
+    assert len(deltas) > 1  # the JSON streams in pieces
+    jsonschema.validate(json.loads("".join(deltas)), SCHEMA)
+
+
+async def test_echo_mode_replays_the_last_user_text(autojump_clock: MockClock) -> None:
+    items = [
+        {"role": "user", "content": [{"type": "input_text", "text": "first"}]},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "ok"}]},
+        {"role": "user", "content": [{"type": "input_text", "text": "echo me"}, {"type": "input_audio", "input_audio": {"data": "AAA", "format": "wav"}}]},
+    ]
+    async with running(mode="echo") as sim:
+        response = await post(sim, PATH, {"input": items})
+    assert response.json()["output"][0]["content"][0]["text"] == "echo me"
+
+
+async def test_x_request_id_names_the_response(autojump_clock: MockClock) -> None:
+    async with running() as sim:
+        response = await post(sim, PATH, {"input": "x", "tools": TOOLS}, headers=((b"x-request-id", b"r42"),))
+    body = response.json()
+    assert body["id"] == "resp_r42" and response.headers[b"x-request-id"] == b"r42"
+    assert (body["output"][0]["id"], body["output"][0]["call_id"]) == ("fc_r42", "call_r42")
+
+
+async def test_full_queue_is_a_429_before_the_stream_starts(autojump_clock: MockClock) -> None:
+    async with (
+        running(max_num_seqs=1, max_waiting_queue_length=0, time_to_first_token=10.0) as sim,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(post, sim, PATH, {"input": "x", "stream": True})
+        await trio.sleep(1)
+        refused = await post(sim, PATH, {"input": "x", "stream": True})
+        nursery.cancel_scope.cancel()
+    assert refused.status == 429 and refused.json()["error"]["type"] == "RateLimitError"

@@ -1,0 +1,195 @@
+"""Golden bytes of /v1/responses streams: renderer + sink driven by a real Engine with
+explicit times (TTFT 100 ms, ITL 10 ms), no server."""
+
+from __future__ import annotations
+
+import orjson
+
+from llmsim.api.errors import ApiError
+from llmsim.api.event_stream import EventStreamingSink
+from llmsim.api.responses.render import (
+    ResponseShell,
+    ResponsesStreamRenderer,
+    TokenLogprobs,
+    TurnIds,
+)
+from llmsim.api.turns import TEXT, TOOL_CALL, Block, TurnPlan, make_job
+from tests.api.fakes import EngineRun
+
+LATENCY = {"time_to_first_token": 0.1, "inter_token_latency": 0.01}
+SHELL = ResponseShell(response_id="resp_1", created_at=1, model="m", max_output_tokens=16)
+IDS = TurnIds.of("1")
+# The response object of response.created / response.in_progress.
+IN_PROGRESS = (
+    b'{"id":"resp_1","created_at":1,"error":null,"incomplete_details":null,"instructions":null,"metadata":null,'
+    b'"model":"m","object":"response","output":[],"parallel_tool_calls":true,"temperature":1.0,"tool_choice":"auto",'
+    b'"tools":[],"top_p":1.0,"background":false,"completed_at":null,"max_output_tokens":16,"max_tool_calls":null,'
+    b'"previous_response_id":null,"prompt":null,"reasoning":null,"service_tier":"auto","status":"in_progress",'
+    b'"store":true,"text":{"format":{"type":"text"}},"top_logprobs":0,"truncation":"disabled","usage":null,"user":null}'
+)
+HEAD = (
+    b"event: response.created\ndata: {\"response\":" + IN_PROGRESS + b',"sequence_number":0,"type":"response.created"}\n\n'
+    b"event: response.in_progress\ndata: {\"response\":" + IN_PROGRESS + b',"sequence_number":1,"type":"response.in_progress"}\n\n'
+)
+
+
+def run_stream(plan: TurnPlan, logprobs: TokenLogprobs | None = None) -> tuple[EngineRun, ResponsesStreamRenderer, EventStreamingSink]:
+    run = EngineRun(**LATENCY)
+    renderer = ResponsesStreamRenderer(shell=SHELL, plan=plan, ids=IDS, logprobs=logprobs, clock=lambda: 2.0)
+    sink = EventStreamingSink(run.response, renderer, 1, lambda job: run.engine.resume(job, run.now))
+    job = make_job(plan, (1, 2, 3), sink, request_id="1", cap=16)
+    run.submit([job])
+    run.response.write(renderer.head())
+    run.run()
+    assert sink.done.is_set() and run.response.ended
+    return run, renderer, sink
+
+
+def text_plan(*pieces: str, finish: str = "stop") -> TurnPlan:
+    return TurnPlan(pieces, tuple(range(10, 10 + len(pieces))), finish, (Block(TEXT, 0, len(pieces)),))
+
+
+def test_text_turn_exact_bytes() -> None:
+    run, renderer, _ = run_stream(text_plan("Hello", " world"))
+    final_message = (
+        b'{"id":"msg_1","content":[{"annotations":[],"text":"Hello world","type":"output_text","logprobs":null}],'
+        b'"role":"assistant","status":"completed","type":"message"}'
+    )
+    assert run.writes_at() == {
+        0.0: HEAD,
+        0.1: (
+            b"event: response.output_item.added\n"
+            b'data: {"item":{"id":"msg_1","content":[],"role":"assistant","status":"in_progress","type":"message"},'
+            b'"output_index":0,"sequence_number":2,"type":"response.output_item.added"}\n\n'
+            b"event: response.content_part.added\n"
+            b'data: {"content_index":0,"item_id":"msg_1","output_index":0,"part":{"annotations":[],"text":"",'
+            b'"type":"output_text","logprobs":[]},"sequence_number":3,"type":"response.content_part.added"}\n\n'
+            b"event: response.output_text.delta\n"
+            b'data: {"content_index":0,"delta":"Hello","item_id":"msg_1","logprobs":[],"output_index":0,'
+            b'"sequence_number":4,"type":"response.output_text.delta"}\n\n'
+        ),
+        0.11: (
+            b"event: response.output_text.delta\n"
+            b'data: {"content_index":0,"delta":" world","item_id":"msg_1","logprobs":[],"output_index":0,'
+            b'"sequence_number":5,"type":"response.output_text.delta"}\n\n'
+            b"event: response.output_text.done\n"
+            b'data: {"content_index":0,"item_id":"msg_1","logprobs":[],"output_index":0,"sequence_number":6,'
+            b'"text":"Hello world","type":"response.output_text.done"}\n\n'
+            b"event: response.content_part.done\n"
+            b'data: {"content_index":0,"item_id":"msg_1","output_index":0,"part":{"annotations":[],"text":"Hello world",'
+            b'"type":"output_text","logprobs":null},"sequence_number":7,"type":"response.content_part.done"}\n\n'
+            b"event: response.output_item.done\n"
+            b'data: {"item":' + final_message + b',"output_index":0,"sequence_number":8,'
+            b'"type":"response.output_item.done"}\n\n'
+            b"event: response.completed\n"
+            b'data: {"response":{"id":"resp_1","created_at":1,"error":null,"incomplete_details":null,"instructions":null,'
+            b'"metadata":null,"model":"m","object":"response","output":[' + final_message + b'],"parallel_tool_calls":true,'
+            b'"temperature":1.0,"tool_choice":"auto","tools":[],"top_p":1.0,"background":false,"completed_at":2,'
+            b'"max_output_tokens":16,"max_tool_calls":null,"previous_response_id":null,"prompt":null,"reasoning":null,'
+            b'"service_tier":"auto","status":"completed","store":true,"text":{"format":{"type":"text"}},"top_logprobs":0,'
+            b'"truncation":"disabled","usage":{"input_tokens":3,"input_tokens_details":{"cached_tokens":0},'
+            b'"output_tokens":2,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":5},"user":null},'
+            b'"sequence_number":9,"type":"response.completed"}\n\n'
+        ),
+    }
+    assert renderer.final is not None and renderer.final["status"] == "completed"
+
+
+def test_tool_turn_exact_bytes() -> None:
+    pieces = ('{"', "city", '": "', "Paris", '"}')
+    plan = TurnPlan(pieces, (1, 2, 3, 4, 5), "tool_calls", (Block(TOOL_CALL, 0, 5, "get_weather", "call_1"),))
+    run, _, _ = run_stream(plan)
+    item = (
+        b'{"arguments":"{\\"city\\": \\"Paris\\"}","call_id":"call_1","name":"get_weather","type":"function_call",'
+        b'"id":"fc_1","status":"completed"}'
+    )
+
+    def delta(text: bytes, seq: int) -> bytes:
+        return (
+            b'event: response.function_call_arguments.delta\ndata: {"delta":"' + text + b'","item_id":"fc_1",'
+            b'"output_index":0,"sequence_number":' + str(seq).encode() + b',"type":"response.function_call_arguments.delta"}\n\n'
+        )
+
+    writes = run.writes_at()
+    assert writes[0.0] == HEAD
+    assert writes[0.1] == (
+        b"event: response.output_item.added\n"
+        b'data: {"item":{"arguments":"","call_id":"call_1","name":"get_weather","type":"function_call","id":"fc_1",'
+        b'"status":"in_progress"},"output_index":0,"sequence_number":2,"type":"response.output_item.added"}\n\n'
+        + delta(b'{\\"', 3)
+    )
+    assert writes[0.11] == delta(b"city", 4)
+    assert writes[0.12] == delta(b'\\": \\"', 5)
+    assert writes[0.13] == delta(b"Paris", 6)
+    end = writes[0.14]
+    assert end.startswith(
+        delta(b'\\"}', 7)
+        + b"event: response.function_call_arguments.done\n"
+        b'data: {"arguments":"{\\"city\\": \\"Paris\\"}","item_id":"fc_1","name":"get_weather","output_index":0,'
+        b'"sequence_number":8,"type":"response.function_call_arguments.done"}\n\n'
+        b"event: response.output_item.done\n"
+        b'data: {"item":' + item + b',"output_index":0,"sequence_number":9,"type":"response.output_item.done"}\n\n'
+        b"event: response.completed\n"
+    )
+    completed = orjson.loads(end.split(b"event: response.completed\ndata: ")[1])
+    assert completed["sequence_number"] == 10
+    assert completed["response"]["output"] == [orjson.loads(item)]
+    assert completed["response"]["usage"]["output_tokens"] == 5
+
+
+def events(body: bytes) -> list[tuple[str, dict[str, object]]]:
+    result = []
+    for frame in body.split(b"\n\n")[:-1]:
+        head, data = frame.split(b"\n", 1)
+        assert head.startswith(b"event: ") and data.startswith(b"data: ")
+        payload = orjson.loads(data[len(b"data: ") :])
+        assert payload["type"] == head[len(b"event: ") :].decode()
+        result.append((payload["type"], payload))
+    return result
+
+
+def test_catch_up_steps_keep_sequence_numbers_and_content_index() -> None:
+    run = EngineRun(time_to_first_token=0.1, inter_token_latency=0.01)
+    plan = text_plan("a ", "b ", "c ", "d ", "e", finish="length")
+    renderer = ResponsesStreamRenderer(shell=SHELL, plan=plan, ids=IDS, logprobs=None, clock=lambda: 2.0)
+    sink = EventStreamingSink(run.response, renderer, 1, lambda job: run.engine.resume(job, run.now))
+    run.submit([make_job(plan, (1, 2, 3), sink, request_id="1", cap=5)])
+    run.response.write(renderer.head())
+    run.step_to(0.1)
+    run.step_to(0.5)  # late: every remaining token is due at once
+    parsed = events(run.response.body)
+    assert [p["sequence_number"] for _, p in parsed] == list(range(len(parsed)))
+    assert {p["content_index"] for _, p in parsed if "content_index" in p} == {0}
+    assert "".join(str(p["delta"]) for kind, p in parsed if kind == "response.output_text.delta") == "a b c d e"
+    final = parsed[-1][1]["response"]
+    assert final["status"] == "incomplete" and final["incomplete_details"] == {"reason": "max_output_tokens"}  # type: ignore[index]
+    assert final["output"][0]["status"] == "incomplete"  # type: ignore[index]
+
+
+def test_logprobs_in_deltas_and_final_part_agree() -> None:
+    run, _, _ = run_stream(text_plan("Hello", " world", "!"), TokenLogprobs(top_n=2, seed=9))
+    parsed = dict(events(run.response.body)[-1:])
+    final_part = parsed["response.completed"]["response"]["output"][0]["content"][0]  # type: ignore[index]
+    deltas = [p for kind, p in events(run.response.body) if kind == "response.output_text.delta"]
+    assert [d["logprobs"][0]["token"] for d in deltas] == ["Hello", " world", "!"]  # type: ignore[index]
+    for delta, full in zip(deltas, final_part["logprobs"]):
+        (entry,) = delta["logprobs"]  # type: ignore[misc]
+        assert entry["logprob"] == full["logprob"] and len(entry["top_logprobs"]) == 2
+        assert full["bytes"] == list(full["token"].encode())
+        assert [t["token"] for t in entry["top_logprobs"]] == [t["token"] for t in full["top_logprobs"]]
+
+
+def test_in_band_error_event_ends_the_stream() -> None:
+    run = EngineRun(**LATENCY)
+    plan = text_plan("Hello", " world")
+    renderer = ResponsesStreamRenderer(shell=SHELL, plan=plan, ids=IDS, logprobs=None, clock=lambda: 2.0)
+    sink = EventStreamingSink(run.response, renderer, 1, lambda job: run.engine.resume(job, run.now))
+    run.submit([make_job(plan, (1, 2, 3), sink, request_id="1", cap=16)])
+    run.response.write(renderer.head())
+    run.step_to(0.1)
+    sink.fail(ApiError(503, "Service unavailable"))
+    assert run.response.ended and sink.done.is_set()
+    assert run.response.writes[-1][1] == (
+        b'event: error\ndata: {"type":"error","code":"InternalServerError","message":"Service unavailable",'
+        b'"param":null,"sequence_number":5}\n\n'
+    )
