@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 ARGS ?=
 
-.PHONY: run test bench tools clean
+.PHONY: run test lint bench tools clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,10 @@ $(VENV)/.installed: pyproject.toml
 
 $(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
 	$(PIP) install -q -e '.[test]'
+	touch $@
+
+$(VENV)/.installed-lint: $(VENV)/.installed pyproject.toml
+	$(PIP) install -q -e '.[test,lint]'
 	touch $@
 
 $(VENV)/.installed-bench: $(VENV)/.installed-test pyproject.toml
@@ -36,6 +40,14 @@ run: $(VENV)/.installed
 
 test: $(VENV)/.installed-test tools
 	$(PY) -m pytest -q $(ARGS)
+
+# ruff (rules in pyproject.toml), formatting, mypy --strict on llmsim/, and the import
+# contracts between the layers (lint-imports reads [tool.importlinter] in pyproject.toml).
+lint: $(VENV)/.installed-lint
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 bench: $(VENV)/.installed-bench tools
 	$(PY) -m benchmarks $(ARGS)

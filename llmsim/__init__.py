@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from llmsim._version import __version__
 
-__all__ = ["Config", "ConfigError", "ServerHandle", "ServerStatistics", "serve", "__version__"]
+__all__ = ["Config", "ConfigError", "ServerHandle", "ServerStatistics", "__version__", "serve"]
 
 if TYPE_CHECKING:
     from llmsim.config import Config, ConfigError

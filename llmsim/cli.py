@@ -95,8 +95,12 @@ _GROUPS: tuple[tuple[str, dict[str, FlagDoc]], ...] = (
             "max_tool_call_integer_param": FlagDoc("N", "largest generated integer argument (unless the schema says)"),
             "min_tool_call_number_param": FlagDoc("X", "smallest generated number argument (unless the schema says)"),
             "max_tool_call_number_param": FlagDoc("X", "largest generated number argument (unless the schema says)"),
-            "min_tool_call_array_param_length": FlagDoc("N", "shortest generated array argument (unless the schema says)"),
-            "max_tool_call_array_param_length": FlagDoc("N", "longest generated array argument (unless the schema says)"),
+            "min_tool_call_array_param_length": FlagDoc(
+                "N", "shortest generated array argument (unless the schema says)"
+            ),
+            "max_tool_call_array_param_length": FlagDoc(
+                "N", "longest generated array argument (unless the schema says)"
+            ),
             "tool_call_not_required_param_probability": FlagDoc(
                 "PERCENT", "chance that an optional top-level argument is generated"
             ),

@@ -101,7 +101,9 @@ def _positive(instance: object, attribute: attrs.Attribute[Any], value: float) -
 def _one_of(*choices: str) -> Any:
     def check(instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
         if value not in choices:
-            raise ConfigError(_key(attribute.name), f"must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
+            raise ConfigError(
+                _key(attribute.name), f"must be one of {', '.join(repr(c) for c in choices)}, got {value!r}"
+            )
 
     return check
 
@@ -141,9 +143,7 @@ class Config:
     # --- engine --------------------------------------------------------------------
     max_num_seqs: int = attrs.field(default=256, validator=_positive)
     max_waiting_queue_length: int = attrs.field(default=1000, validator=_non_negative)
-    max_num_batched_tokens: int | None = attrs.field(
-        default=None, validator=attrs.validators.optional(_positive)
-    )
+    max_num_batched_tokens: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
 
     # --- latency model (llm-d-inference-sim flag names) ------------------------------
     latency_calculator: str = attrs.field(default="", validator=_one_of("", "constant", "per-token"))
@@ -212,7 +212,9 @@ class Config:
             ("min_tool_call_array_param_length", "max_tool_call_array_param_length"),
         ):
             if getattr(self, low) > getattr(self, high):
-                raise ConfigError(_key(low), f"must be <= {_key(high)} ({getattr(self, high)}), got {getattr(self, low)}")
+                raise ConfigError(
+                    _key(low), f"must be <= {_key(high)} ({getattr(self, high)}), got {getattr(self, low)}"
+                )
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
             raise ConfigError(
                 "max-num-batched-tokens",
@@ -378,9 +380,7 @@ def _to_int(value: object) -> int:
 
 
 def _to_float(value: object) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        number = float(value)
-    elif isinstance(value, str) and _FLOAT_RE.fullmatch(value.strip()):
+    if (isinstance(value, (int, float)) and not isinstance(value, bool)) or (isinstance(value, str) and _FLOAT_RE.fullmatch(value.strip())):
         number = float(value)
     else:
         number = math.nan
@@ -552,4 +552,3 @@ def _check_files(config: Config) -> None:
         path = getattr(config, name)
         if path is not None and not os.path.isfile(path):
             raise ConfigError(_key(name), f"no such file: {path}")
-

@@ -227,7 +227,7 @@ def _structure_prompt(value: object, _: type) -> Prompt:
         return value
     if not isinstance(value, list):
         message = f"{_PROMPT_FORMS_MESSAGE}, got {json_type_name(value)}"
-        raise ValueError(message)  # noqa: TRY004 - llm-d-inference-sim's "Invalid value" 400
+        raise ValueError(message)
     if all(isinstance(item, str) for item in value):
         return tuple(value)
     if all(_is_token_id(item) for item in value):
@@ -265,7 +265,7 @@ def _structure_tool_choice(value: object, _: type) -> ToolChoice | None:
     function = value.get("function")
     if not isinstance(function, dict):
         message = f"Invalid value for `function`: `{function}` in `tool_choice`! {_NAMED_USAGE}"
-        raise ValueError(message)  # noqa: TRY004 - vLLM's "Invalid value" 400
+        raise ValueError(message)
     if "name" not in function:
         raise ValueError(f"Expected field `name` in `function` in `tool_choice`! {_NAMED_USAGE}")
     name = function["name"]

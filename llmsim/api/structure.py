@@ -103,7 +103,7 @@ def _tuple_hook_factory(type_: Any) -> Callable[[object, type], tuple[Any, ...]]
         for index, item in enumerate(value):
             try:
                 items.append(hook(item, element_type))
-            except Exception as exc:  # noqa: BLE001 - any failure, re-raised with its index
+            except Exception as exc:
                 exc.add_note(IterableValidationNote(f"Structuring {type_} @ index {index}", index, element_type))
                 raise IterableValidationError(f"While structuring {type_!r}", [exc], type_) from None
         return tuple(items)

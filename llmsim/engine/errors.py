@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["QueueFullError", "QUEUE_FULL_MESSAGE"]
+__all__ = ["QUEUE_FULL_MESSAGE", "QueueFullError"]
 
 QUEUE_FULL_MESSAGE = "Failed to enqueue request, waiting requests queue is full"
 

@@ -17,7 +17,7 @@ import attrs
 
 from llmsim.config import Config
 
-__all__ = ["LatencyModel", "jittered", "JITTER_LOW", "JITTER_HIGH"]
+__all__ = ["JITTER_HIGH", "JITTER_LOW", "LatencyModel", "jittered"]
 
 JITTER_LOW = 0.3
 JITTER_HIGH = 1.7

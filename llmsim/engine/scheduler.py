@@ -59,7 +59,7 @@ from llmsim.engine.job import Job, JobState
 from llmsim.engine.latency import LatencyModel
 from llmsim.engine.prefill import ChunkedPrefill
 
-__all__ = ["Engine", "EngineStatistics", "MAX_TOKENS_PER_STEP", "LATE_STEP_THRESHOLD", "step_grid"]
+__all__ = ["LATE_STEP_THRESHOLD", "MAX_TOKENS_PER_STEP", "Engine", "EngineStatistics", "step_grid"]
 
 #: Most tokens one job receives in one step when it is catching up.
 MAX_TOKENS_PER_STEP = 16

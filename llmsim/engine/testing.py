@@ -9,7 +9,7 @@ import attrs
 from llmsim.engine.job import Job, JobSink, JobState
 from llmsim.engine.scheduler import Engine
 
-__all__ = ["SinkCall", "RecordingSink", "planned_job", "recording_sink", "run_until_idle"]
+__all__ = ["RecordingSink", "SinkCall", "planned_job", "recording_sink", "run_until_idle"]
 
 
 @attrs.frozen

@@ -99,9 +99,7 @@ def _alternatives(token: str, chosen: float, h: int, count: int) -> tuple[tuple[
     names = _ROTATIONS[(h >> 16) % len(_ALTERNATIVES)]
     if token in names[:count]:
         names = tuple(name for name in names if name != token)
-    return tuple(
-        (names[j], min(rest + j * step, chosen + (j + 1) * _DECAY)) for j in range(count)
-    )
+    return tuple((names[j], min(rest + j * step, chosen + (j + 1) * _DECAY)) for j in range(count))
 
 
 _ROTATIONS = tuple(_ALTERNATIVES[i:] + _ALTERNATIVES[:i] for i in range(len(_ALTERNATIVES)))

@@ -24,8 +24,8 @@ from typing import Literal
 
 import attrs
 
-from llmsim.schema.jsonschema import CompiledSchema, ToolSchemaError, compile_schema
 from llmsim.model.tool_options import ToolCallOptions
+from llmsim.schema.jsonschema import CompiledSchema, ToolSchemaError, compile_schema
 
 __all__ = [
     "CompiledSchema",

@@ -17,13 +17,13 @@ import attrs
 from llmsim.config import Config
 
 __all__ = [
-    "ProtocolSettings",
-    "ConnectionTracker",
-    "ServerStatistics",
-    "ServerHandle",
     "BUFFER_HIGH_WATER",
     "BUFFER_LOW_WATER",
     "MAX_HEADER_BYTES",
+    "ConnectionTracker",
+    "ProtocolSettings",
+    "ServerHandle",
+    "ServerStatistics",
 ]
 
 #: A stream's ``write`` returns False once this many bytes wait to be sent ...

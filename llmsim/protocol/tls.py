@@ -12,7 +12,7 @@ import trustme
 
 from llmsim.config import Config, ConfigError
 
-__all__ = ["ALPN_PROTOCOLS", "server_ssl_context", "self_signed_context"]
+__all__ = ["ALPN_PROTOCOLS", "self_signed_context", "server_ssl_context"]
 
 ALPN_PROTOCOLS = ["h2", "http/1.1"]
 #: Names the start-up certificate is valid for.

@@ -53,8 +53,12 @@ def check_unique(spec: Arrays) -> None:
     domain = spec.domain
     if domain is not None:
         if len(domain) < spec.min_items:
-            raise ToolSchemaError(at(spec.path, "uniqueItems"), "uniqueItems", f"needs {spec.min_items} distinct "
-                                  f"items but llmsim can generate only {len(domain)} different values for them")
+            raise ToolSchemaError(
+                at(spec.path, "uniqueItems"),
+                "uniqueItems",
+                f"needs {spec.min_items} distinct "
+                f"items but llmsim can generate only {len(domain)} different values for them",
+            )
         return
     needs = [(spec.prefix[i], i + 1) for i in range(min(spec.min_items, len(spec.prefix)))]
     if spec.min_items > len(spec.prefix) and spec.items is not None:
@@ -63,17 +67,25 @@ def check_unique(spec: Arrays) -> None:
         exact = _domain(node)
         available = len(exact) if exact is not None else _capacity(node)
         if count > 1 and available < (count if exact is not None else 2 * count):  # random draws need head-room
-            raise ToolSchemaError(at(spec.path, "uniqueItems"), "uniqueItems", f"needs {spec.min_items} distinct "
-                                  f"items but llmsim can generate only about {available} different values for them; "
-                                  "lower minItems or widen the items schema")
+            raise ToolSchemaError(
+                at(spec.path, "uniqueItems"),
+                "uniqueItems",
+                f"needs {spec.min_items} distinct "
+                f"items but llmsim can generate only about {available} different values for them; "
+                "lower minItems or widen the items schema",
+            )
 
 
 def check_exclusive(union: Union, path: str) -> None:
     for (i, a), (j, b) in itertools.permutations(enumerate(union.branches), 2):
         if not _excludes(a, b):
-            raise ToolSchemaError(path, "oneOf", f"branches {i} and {j} may both match one value, and llmsim can "
-                                  "only keep oneOf valid when branches differ by type, enum/const, numeric or "
-                                  "length ranges, or a required property (a discriminator); use anyOf instead")
+            raise ToolSchemaError(
+                path,
+                "oneOf",
+                f"branches {i} and {j} may both match one value, and llmsim can "
+                "only keep oneOf valid when branches differ by type, enum/const, numeric or "
+                "length ranges, or a required property (a discriminator); use anyOf instead",
+            )
 
 
 def _deref(node: Node) -> Node:
@@ -97,8 +109,11 @@ def _domain(node: Node | None, depth: int = 0) -> Sequence[Any] | None:
         return None
     if isinstance(node, Simple) and node.values is not None:
         return node.values
-    parts = ([_domain(b, depth + 1) for b in node.preferred()] if isinstance(node, Union)
-             else [_kind_domain(node, kind) for kind in node.generate_kinds])
+    parts = (
+        [_domain(b, depth + 1) for b in node.preferred()]
+        if isinstance(node, Union)
+        else [_kind_domain(node, kind) for kind in node.generate_kinds]
+    )
     if any(part is None for part in parts):
         return None
     if len(parts) == 1:
@@ -137,8 +152,10 @@ def _number_domain(numbers: Numbers) -> Sequence[Any] | None:
     step = numbers.multiple_of
     if not isinstance(step, float) or (numbers.high - numbers.low) / step > _DOMAIN_LIMIT:
         return None
-    candidates = (round(k * step, numbers.decimals) for k in range(math.ceil(numbers.low / step),
-                                                                    math.floor(numbers.high / step) + 1))
+    candidates = (
+        round(k * step, numbers.decimals)
+        for k in range(math.ceil(numbers.low / step), math.floor(numbers.high / step) + 1)
+    )
     return tuple(v for v in candidates if numbers.matches(v))
 
 
@@ -222,15 +239,24 @@ def _kind_excludes(a: Simple, b: Simple, kind: str, depth: int) -> bool:
     if b.values is not None:
         return not any(a.matches(value) for value in b.values)
     if kind in ("integer", "number"):
-        return a.numbers is not None and b.numbers is not None and _disjoint(
-            _interval(a.numbers.low, a.numbers.low_exclusive, a.numbers.high, a.numbers.high_exclusive),
-            _interval(b.numbers.low, b.numbers.low_exclusive, b.numbers.high, b.numbers.high_exclusive))
+        return (
+            a.numbers is not None
+            and b.numbers is not None
+            and _disjoint(
+                _interval(a.numbers.low, a.numbers.low_exclusive, a.numbers.high, a.numbers.high_exclusive),
+                _interval(b.numbers.low, b.numbers.low_exclusive, b.numbers.high, b.numbers.high_exclusive),
+            )
+        )
     if kind == "string" and a.strings is not None and b.strings is not None:
-        return _disjoint(_interval(a.strings.min_length, False, a.strings.max_length, False),
-                         _interval(b.strings.min_length, False, b.strings.max_length, False))
+        return _disjoint(
+            _interval(a.strings.min_length, False, a.strings.max_length, False),
+            _interval(b.strings.min_length, False, b.strings.max_length, False),
+        )
     if kind == "array" and a.arrays is not None and b.arrays is not None:
-        return _disjoint(_interval(a.arrays.min_items, False, a.arrays.max_items, False),
-                         _interval(b.arrays.min_items, False, b.arrays.max_items, False))
+        return _disjoint(
+            _interval(a.arrays.min_items, False, a.arrays.max_items, False),
+            _interval(b.arrays.min_items, False, b.arrays.max_items, False),
+        )
     if kind == "object" and a.objects is not None and b.objects is not None:
         for name in a.objects.required:
             mine, theirs = a.objects.governing(name), b.objects.governing(name)

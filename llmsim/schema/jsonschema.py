@@ -46,7 +46,7 @@ from urllib.parse import unquote
 import attrs
 import orjson
 
-from llmsim.schema.regex import PatternError, compile_pattern
+from llmsim.model.tool_options import ToolCallOptions
 from llmsim.schema.checks import check_exclusive, check_objects, check_unique, unique_domain
 from llmsim.schema.formats import FORMATS, MANY, phrase_variety
 from llmsim.schema.keywords import (
@@ -75,7 +75,7 @@ from llmsim.schema.nodes import (
     fit,
     smallest_cost,
 )
-from llmsim.model.tool_options import ToolCallOptions
+from llmsim.schema.regex import PatternError, compile_pattern
 
 __all__ = ["CompiledSchema", "ToolSchemaError", "compile_schema"]
 
@@ -145,8 +145,12 @@ class _Compiler:
         check_objects(root, self.path)
         size = smallest_cost(root)[1]
         if size > MAX_MIN_SIZE:
-            raise ToolSchemaError(self.path, "minItems", f"and minLength force arguments of about {size:.0f} values "
-                                  f"or more; llmsim generates at most {MAX_MIN_SIZE}")
+            raise ToolSchemaError(
+                self.path,
+                "minItems",
+                f"and minLength force arguments of about {size:.0f} values "
+                f"or more; llmsim generates at most {MAX_MIN_SIZE}",
+            )
         return CompiledSchema(root)
 
     # --- dispatch ---------------------------------------------------------------------
@@ -155,8 +159,11 @@ class _Compiler:
         self.nesting += 1
         try:
             if self.nesting > MAX_NESTING:
-                raise ToolSchemaError(path, "properties", f"and items nest deeper than {MAX_NESTING} levels; "
-                                      "llmsim refuses deeper schemas")
+                raise ToolSchemaError(
+                    path,
+                    "properties",
+                    f"and items nest deeper than {MAX_NESTING} levels; llmsim refuses deeper schemas",
+                )
             return self._compile(schema, path, root=root)
         finally:
             self.nesting -= 1
@@ -197,8 +204,11 @@ class _Compiler:
 
     def ref(self, reference: str, path: str) -> Node:
         if reference in self.pending and self.pending[reference] == self.structure:
-            raise ToolSchemaError(path, "$ref", f"{reference!r} refers back to itself with no object or array in "
-                                  "between, so it has no finite value")
+            raise ToolSchemaError(
+                path,
+                "$ref",
+                f"{reference!r} refers back to itself with no object or array in between, so it has no finite value",
+            )
         if reference in self.refs:
             return self.refs[reference]
         target, target_path = self.resolve(reference, path)
@@ -210,8 +220,12 @@ class _Compiler:
 
     def resolve(self, reference: str, path: str) -> tuple[object, str]:
         if not reference.startswith("#") or (len(reference) > 1 and not reference.startswith("#/")):
-            raise ToolSchemaError(path, "$ref", f"{reference!r} is not supported: only references inside the "
-                                  "schema (like '#/$defs/Name' or '#/definitions/Name') are")
+            raise ToolSchemaError(
+                path,
+                "$ref",
+                f"{reference!r} is not supported: only references inside the "
+                "schema (like '#/$defs/Name' or '#/definitions/Name') are",
+            )
         target, target_path = self.document, self.path
         for raw in reference[2:].split("/") if len(reference) > 1 else ():
             segment = unquote(raw).replace("~1", "/").replace("~0", "~")
@@ -233,20 +247,28 @@ class _Compiler:
             return merged
         kinds = {kind for kind, _, _ in combos}
         if len(kinds) > 1:
-            raise ToolSchemaError(path, "allOf", "combines anyOf with oneOf; llmsim supports only one kind of "
-                                  "combinator per merged schema")
+            raise ToolSchemaError(
+                path,
+                "allOf",
+                "combines anyOf with oneOf; llmsim supports only one kind of combinator per merged schema",
+            )
         lists = [branches for _, branches, _ in combos]
         if math.prod(len(b) for b in lists) > _MAX_BRANCHES:
             raise ToolSchemaError(path, combos[0][0], f"combined in allOf yields more than {_MAX_BRANCHES} branches")
         kind = kinds.pop()
         return {kind: [all_of([*choice, merged]) for choice in itertools.product(*lists)]}
 
-    def flatten(self, parts: Sequence[tuple[object, str]], path: str, depth: int
-                ) -> Iterator[tuple[dict[str, Any], str]]:
+    def flatten(
+        self, parts: Sequence[tuple[object, str]], path: str, depth: int
+    ) -> Iterator[tuple[dict[str, Any], str]]:
         """The dict schemas of ``parts`` with every allOf and $ref inlined."""
         if depth > _MERGE_DEPTH:
-            raise ToolSchemaError(path, "$ref", f"allOf/$ref nesting is deeper than {_MERGE_DEPTH}: a circular "
-                                  "reference through allOf or $ref siblings?")
+            raise ToolSchemaError(
+                path,
+                "$ref",
+                f"allOf/$ref nesting is deeper than {_MERGE_DEPTH}: a circular "
+                "reference through allOf or $ref siblings?",
+            )
         for part, where in parts:
             if part is True:
                 continue
@@ -290,34 +312,43 @@ class _Compiler:
             candidates = [v for v in schema["enum"] if json_key(v) == json_key(schema["const"])]
         values = tuple(v for v in candidates if node.matches(v))
         if not values:
-            raise ToolSchemaError(at(path, keyword), keyword, "has no value that satisfies the other keywords "
-                                  "of its schema (type, bounds, pattern...)")
+            raise ToolSchemaError(
+                at(path, keyword),
+                keyword,
+                "has no value that satisfies the other keywords of its schema (type, bounds, pattern...)",
+            )
         return attrs.evolve(node, values=tuple({json_key(v): v for v in values}.values()))
 
-    def numbers(self, schema: dict[str, Any], path: str, kinds: frozenset[str], generate_kinds: tuple[str, ...]
-                ) -> Numbers:
+    def numbers(
+        self, schema: dict[str, Any], path: str, kinds: frozenset[str], generate_kinds: tuple[str, ...]
+    ) -> Numbers:
         low, low_exclusive = _bound(schema, "minimum", "exclusiveMinimum", max)
         high, high_exclusive = _bound(schema, "maximum", "exclusiveMaximum", min)
         step = schema.get("multipleOf")
         if isinstance(step, float) and step.is_integer():
             step = int(step)
         if isinstance(step, float) and "number" not in kinds:
-            raise ToolSchemaError(at(path, "multipleOf"), "multipleOf", f"is {step}: integers need an integer "
-                                  "multipleOf")
+            raise ToolSchemaError(
+                at(path, "multipleOf"), "multipleOf", f"is {step}: integers need an integer multipleOf"
+            )
         spec = Numbers(low, low_exclusive, high, high_exclusive, step, _decimals(step), None, None)
         integer = _integer_witness(spec)
         number = integer if integer is not None else _number_witness(spec)
         for kind, witness in (("integer", integer), ("number", number)):
             if kind in generate_kinds and witness is None:
-                raise ToolSchemaError(path, "minimum", f"and maximum/exclusiveMinimum/exclusiveMaximum/multipleOf "
-                                      f"leave no valid {kind}")
+                raise ToolSchemaError(
+                    path, "minimum", f"and maximum/exclusiveMinimum/exclusiveMaximum/multipleOf leave no valid {kind}"
+                )
         return attrs.evolve(spec, witness_integer=integer, witness_number=number)
 
     def strings(self, schema: dict[str, Any], path: str) -> Strings:
         low, high = schema.get("minLength", 0), schema.get("maxLength")
         if low > MAX_MIN_LENGTH:
-            raise ToolSchemaError(at(path, "minLength"), "minLength", f"is {low}; llmsim generates strings of at "
-                                  f"most {MAX_MIN_LENGTH} characters")
+            raise ToolSchemaError(
+                at(path, "minLength"),
+                "minLength",
+                f"is {low}; llmsim generates strings of at most {MAX_MIN_LENGTH} characters",
+            )
         if high is not None and low > high:
             raise ToolSchemaError(at(path, "minLength"), "minLength", f"({low}) exceeds maxLength ({high})")
         pattern, lengths = None, ()
@@ -328,8 +359,12 @@ class _Compiler:
                 raise ToolSchemaError(at(path, "pattern"), "pattern", str(exc)) from None
             lengths = pattern.lengths(low, high)
             if not lengths:
-                raise ToolSchemaError(at(path, "pattern"), "pattern", f"cannot produce a string of "
-                                      f"{low}..{'' if high is None else high} characters (minLength/maxLength)")
+                raise ToolSchemaError(
+                    at(path, "pattern"),
+                    "pattern",
+                    f"cannot produce a string of "
+                    f"{low}..{'' if high is None else high} characters (minLength/maxLength)",
+                )
         generator, shortest, longest, variety = FORMATS.get(schema.get("format", ""), (None, 0, 0, 0))
         if generator is None or low > shortest or (high is not None and longest > high):
             generator, variety = None, phrase_variety(high)
@@ -350,11 +385,15 @@ class _Compiler:
         if items is None:
             high = len(prefix) if high is None else min(high, len(prefix))
         if low > MAX_MIN_ITEMS:
-            raise ToolSchemaError(at(path, "minItems"), "minItems", f"is {low}; llmsim generates at most "
-                                  f"{MAX_MIN_ITEMS} items")
+            raise ToolSchemaError(
+                at(path, "minItems"), "minItems", f"is {low}; llmsim generates at most {MAX_MIN_ITEMS} items"
+            )
         if high is not None and low > high:
-            raise ToolSchemaError(at(path, "minItems"), "minItems", f"({low}) exceeds the most items allowed "
-                                  f"({high}, from maxItems, items or prefixItems)")
+            raise ToolSchemaError(
+                at(path, "minItems"),
+                "minItems",
+                f"({low}) exceeds the most items allowed ({high}, from maxItems, items or prefixItems)",
+            )
         spec = Arrays(low, high, bool(schema.get("uniqueItems", False)), prefix, items, path)
         if spec.unique:
             self.unique_arrays.append(spec)
@@ -373,8 +412,12 @@ class _Compiler:
         spec = Objects(properties, required, additional)
         for name in required:
             if spec.governing(name) is None:
-                raise ToolSchemaError(at(path, "required"), "required", f"lists {name!r}, which its schema forbids "
-                                      "(false in properties, or undeclared with additionalProperties false)")
+                raise ToolSchemaError(
+                    at(path, "required"),
+                    "required",
+                    f"lists {name!r}, which its schema forbids "
+                    "(false in properties, or undeclared with additionalProperties false)",
+                )
         return spec
 
     # --- whole-schema checks ----------------------------------------------------------
@@ -391,8 +434,12 @@ class _Compiler:
                 break
         for ref in self.refs.values():
             if math.isinf(ref.cost[0]):
-                raise ToolSchemaError(ref.path, "$ref", f"{ref.key!r} has no finite value: every instance would "
-                                      "contain itself; make the recursive property optional or allow empty arrays")
+                raise ToolSchemaError(
+                    ref.path,
+                    "$ref",
+                    f"{ref.key!r} has no finite value: every instance would "
+                    "contain itself; make the recursive property optional or allow empty arrays",
+                )
 
 
 # --- keyword checks -----------------------------------------------------------------------
@@ -408,8 +455,9 @@ def _generate_kinds(schema: Mapping[str, Any], kinds: frozenset[str]) -> tuple[s
     return next(((kind,) for kind, keywords in KIND_KEYWORDS if any(k in schema for k in keywords)), ("string",))
 
 
-def _bound(schema: Mapping[str, Any], inclusive: str, exclusive: str, stricter: Callable[..., Any]
-           ) -> tuple[int | float | None, bool]:
+def _bound(
+    schema: Mapping[str, Any], inclusive: str, exclusive: str, stricter: Callable[..., Any]
+) -> tuple[int | float | None, bool]:
     """The effective bound and whether it is exclusive, from e.g. minimum and exclusiveMinimum."""
     candidates = [(schema[inclusive], False)] if inclusive in schema else []
     if exclusive in schema:

@@ -153,8 +153,9 @@ def _check_multiple_of(value: object) -> str | None:
     return _expect(valid, "a number greater than 0", value)
 
 
-def _list_of(kind: type | tuple[type, ...], expected: str, *, non_empty: bool = False
-             ) -> Callable[[object], str | None]:
+def _list_of(
+    kind: type | tuple[type, ...], expected: str, *, non_empty: bool = False
+) -> Callable[[object], str | None]:
     def check(value: object) -> str | None:
         valid = isinstance(value, list) and all(isinstance(item, kind) for item in value)
         return _expect(valid and (bool(value) or not non_empty), expected, value)
@@ -226,8 +227,11 @@ def merge_parts(parts: list[tuple[dict[str, Any], str]], path: str) -> dict[str,
             listed = set(value if isinstance(value, list) else [value])
             types &= listed | ({"integer"} if "number" in listed else set())
         if not types:
-            raise ToolSchemaError(path, "allOf", "requires types that no value has at once: "
-                                  + " and ".join(json.dumps(v) for v in present("type")))
+            raise ToolSchemaError(
+                path,
+                "allOf",
+                "requires types that no value has at once: " + " and ".join(json.dumps(v) for v in present("type")),
+            )
         out["type"] = [t for t in TYPES if t in types and not (t == "integer" and "number" in types)]
     values = [[s["const"]] for s in schemas if "const" in s] + present("enum")
     if values:
@@ -280,8 +284,12 @@ def _merge_objects(out: dict[str, Any], schemas: list[dict[str, Any]]) -> None:
         return
     names = dict.fromkeys(name for s in schemas for name in s.get("properties", {}))
     out["properties"] = {
-        name: all_of([s["properties"][name] if name in s.get("properties", {}) else s.get("additionalProperties", True)
-                       for s in schemas])
+        name: all_of(
+            [
+                s["properties"][name] if name in s.get("properties", {}) else s.get("additionalProperties", True)
+                for s in schemas
+            ]
+        )
         for name in names
     }
     if any("additionalProperties" in s for s in schemas):

@@ -21,10 +21,10 @@ from typing import Any
 
 import attrs
 
-from llmsim.schema.regex import StringPattern
+from llmsim.model.tool_options import ToolCallOptions
 from llmsim.schema.formats import WORDS
 from llmsim.schema.keywords import TYPES, ToolSchemaError, json_key
-from llmsim.model.tool_options import ToolCallOptions
+from llmsim.schema.regex import StringPattern
 
 __all__ = [
     "ANY", "Arrays", "Context", "Node", "Numbers", "Objects", "Ref", "Simple", "Strings", "Union",
@@ -258,8 +258,12 @@ class Arrays:
                 out.append(item)
         ctx.wide, ctx.minimal = wide, minimal
         if len(out) < self.min_items:
-            raise ToolSchemaError(self.path, "uniqueItems", f"could not be met: only {len(out)} distinct items of the "
-                                  f"{self.min_items} required were generated; relax minItems or widen the items schema")
+            raise ToolSchemaError(
+                self.path,
+                "uniqueItems",
+                f"could not be met: only {len(out)} distinct items of the "
+                f"{self.min_items} required were generated; relax minItems or widen the items schema",
+            )
         return out
 
 
@@ -289,8 +293,13 @@ class Objects:
 
     def generate(self, ctx: Context) -> dict[str, Any]:
         options = ctx.options
-        percent = (50 if ctx.wide else options.tool_call_not_required_param_probability if ctx.object_depth == 0
-                   else options.object_tool_call_not_required_field_probability)
+        percent = (
+            50
+            if ctx.wide
+            else options.tool_call_not_required_param_probability
+            if ctx.object_depth == 0
+            else options.object_tool_call_not_required_field_probability
+        )
         ctx.object_depth += 1
         out: dict[str, Any] = {}
         for name, node in self.properties:
@@ -391,8 +400,11 @@ class Ref:
 
     def resolved(self) -> Node:
         if self.target is None:
-            raise ToolSchemaError(self.path, "$ref", "is used by an enum/const check inside its own definition; "
-                                  "remove the enum/const or the recursion")
+            raise ToolSchemaError(
+                self.path,
+                "$ref",
+                "is used by an enum/const check inside its own definition; remove the enum/const or the recursion",
+            )
         return self.target
 
     def matches(self, value: object) -> bool:

@@ -231,8 +231,9 @@ class _Parser:
         self.budget = _Budget()
 
     def fail(self, what: str) -> PatternError:
-        return PatternError(f"uses {what} at offset {self.pos}, which llmsim cannot generate strings for; "
-                            "simplify the pattern")
+        return PatternError(
+            f"uses {what} at offset {self.pos}, which llmsim cannot generate strings for; simplify the pattern"
+        )
 
     def peek(self, text: str) -> bool:
         return self.src.startswith(text, self.pos)
@@ -328,8 +329,15 @@ class _Parser:
         if self.peek("?#"):
             self.pos = self.src.index(")", self.pos) + 1
             return False
-        kinds = {"?=": "a lookahead", "?!": "a lookahead", "?<=": "a lookbehind", "?<!": "a lookbehind",
-                 "?P=": "a backreference", "?(": "a conditional group", "?>": "an atomic group"}
+        kinds = {
+            "?=": "a lookahead",
+            "?!": "a lookahead",
+            "?<=": "a lookbehind",
+            "?<!": "a lookbehind",
+            "?P=": "a backreference",
+            "?(": "a conditional group",
+            "?>": "an atomic group",
+        }
         raise self.fail(next((name for prefix, name in kinds.items() if self.peek(prefix)), "an extension group"))
 
     def set_flags(self, on: str, off: str) -> None:
@@ -434,8 +442,10 @@ def _strip_edges(node: _Node, budget: _Budget) -> _Node:
 
 def _refuse_anchors(node: _Node) -> None:
     if isinstance(node, _Anchor):
-        raise PatternError("uses an anchor (^, $, \\A or \\Z) away from the start or end of the pattern, "
-                           "which llmsim cannot generate strings for")
+        raise PatternError(
+            "uses an anchor (^, $, \\A or \\Z) away from the start or end of the pattern, "
+            "which llmsim cannot generate strings for"
+        )
     children: tuple[_Node, ...] = ()
     if isinstance(node, _Seq):
         children = node.items

@@ -133,7 +133,9 @@ async def test_errors(client: anthropic.AsyncAnthropic) -> None:
         await client.messages.create(model=MODEL, max_tokens=anthropic.omit, messages=MESSAGES, timeout=30)  # type: ignore[arg-type]
     assert missing.value.body["error"]["message"] == "max_tokens: Field required"  # type: ignore[index]
     with pytest.raises(anthropic.BadRequestError):
-        await client.messages.create(model=MODEL, max_tokens=5, messages=MESSAGES, tools=TOOLS, tool_choice={"type": "tool", "name": "x"})
+        await client.messages.create(
+            model=MODEL, max_tokens=5, messages=MESSAGES, tools=TOOLS, tool_choice={"type": "tool", "name": "x"}
+        )
 
 
 async def test_sync_client(llmsim_server: ServerHandle, http_kwargs: dict[str, Any]) -> None:

@@ -81,16 +81,12 @@ async def test_wrong_method_is_405_with_allow(client: httpx.AsyncClient) -> None
 
 async def test_malformed_json_is_400(client: httpx.AsyncClient) -> None:
     for body in (b"{not json", b"[1, 2]", b"", b'"just a string"'):
-        response = await client.post(
-            "/v1/chat/completions", content=body, headers={"content-type": "application/json"}
-        )
+        response = await client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
         _assert_envelope(response, 400, "BadRequestError")
 
 
 async def test_wrong_content_type_is_400(client: httpx.AsyncClient) -> None:
-    response = await client.post(
-        "/v1/completions", content=b'{"prompt": "hi"}', headers={"content-type": "text/plain"}
-    )
+    response = await client.post("/v1/completions", content=b'{"prompt": "hi"}', headers={"content-type": "text/plain"})
     error = _assert_envelope(response, 400, "BadRequestError")
     assert "application/json" in str(error["message"])
 
@@ -106,9 +102,7 @@ async def test_wrong_field_types_are_400_naming_the_field(client: httpx.AsyncCli
     response = await client.post("/v1/chat/completions", json={"messages": "hello", "max_tokens": 3})
     error = _assert_envelope(response, 400, "BadRequestError")
     assert error["param"] == "messages"
-    response = await client.post(
-        "/v1/completions", json={"prompt": "hi", "max_tokens": "many"}
-    )
+    response = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": "many"})
     assert _assert_envelope(response, 400, "BadRequestError")["param"] == "max_tokens"
 
 

@@ -171,15 +171,14 @@ async def test_error_types(
 
 async def test_full_queue_is_a_rate_limit_error(llmsim_config: Config, http_kwargs: dict[str, Any]) -> None:
     busy = attrs.evolve(llmsim_config, max_num_seqs=1, max_waiting_queue_length=0, time_to_first_token=60.0)
-    async with open_simulator(busy) as server:
-        async with httpx.AsyncClient(**http_kwargs) as http_client:
-            client = openai.AsyncOpenAI(
-                base_url=f"{server.url}/v1", api_key="unused", max_retries=0, http_client=http_client
-            )
-            holding = await client.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True)
-            with pytest.raises(openai.RateLimitError) as caught:
-                await client.completions.create(model=MODEL, prompt="Hi")
-            await holding.close()
+    async with open_simulator(busy) as server, httpx.AsyncClient(**http_kwargs) as http_client:
+        client = openai.AsyncOpenAI(
+            base_url=f"{server.url}/v1", api_key="unused", max_retries=0, http_client=http_client
+        )
+        holding = await client.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True)
+        with pytest.raises(openai.RateLimitError) as caught:
+            await client.completions.create(model=MODEL, prompt="Hi")
+        await holding.close()
     assert caught.value.status_code == 429
     assert caught.value.message.endswith("Failed to enqueue request, waiting requests queue is full")
 

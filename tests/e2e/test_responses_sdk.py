@@ -45,7 +45,11 @@ async def client(llmsim_server: ServerHandle, http_kwargs: dict[str, Any]) -> As
 
 async def test_create_non_streaming(client: openai.AsyncOpenAI) -> None:
     response = await client.responses.create(
-        model=MODEL, input="Tell me a story.", instructions="Be brief.", max_output_tokens=12, extra_body={"ignore_eos": True}
+        model=MODEL,
+        input="Tell me a story.",
+        instructions="Be brief.",
+        max_output_tokens=12,
+        extra_body={"ignore_eos": True},
     )
     assert response.id.startswith("resp_") and response.object == "response"
     assert response.model == MODEL and response.instructions == "Be brief."
@@ -63,7 +67,15 @@ async def test_create_non_streaming(client: openai.AsyncOpenAI) -> None:
 async def test_create_streaming(client: openai.AsyncOpenAI) -> None:
     stream = await client.responses.create(
         model=MODEL,
-        input=[{"role": "user", "content": [{"type": "input_text", "text": "Hi"}, {"type": "input_image", "image_url": "https://x/y.png"}]}],
+        input=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": "Hi"},
+                    {"type": "input_image", "image_url": "https://x/y.png"},
+                ],
+            }
+        ],
         max_output_tokens=8,
         stream=True,
     )
@@ -149,7 +161,12 @@ async def test_previous_response_id_chain_and_retrieve(client: openai.AsyncOpenA
     with pytest.raises(openai.NotFoundError) as caught:
         await client.responses.retrieve("resp_missing")
     assert caught.value.message.endswith("Response with id 'resp_missing' not found.")
-    assert caught.value.body == {"message": "Response with id 'resp_missing' not found.", "type": "invalid_request_error", "param": "response_id", "code": 404}
+    assert caught.value.body == {
+        "message": "Response with id 'resp_missing' not found.",
+        "type": "invalid_request_error",
+        "param": "response_id",
+        "code": 404,
+    }
     with pytest.raises(openai.NotFoundError):
         await client.responses.create(model=MODEL, input="x", previous_response_id="resp_missing")
 
@@ -181,11 +198,15 @@ async def test_errors(client: openai.AsyncOpenAI) -> None:
         await client.responses.create(model="nope", input="x")
     assert not_found.value.message.endswith("The model `nope` does not exist.")
     with pytest.raises(openai.BadRequestError) as bad_choice:
-        await client.responses.create(model=MODEL, input="x", tools=TOOLS, tool_choice={"type": "function", "name": "missing"})
+        await client.responses.create(
+            model=MODEL, input="x", tools=TOOLS, tool_choice={"type": "function", "name": "missing"}
+        )
     assert bad_choice.value.body["param"] == "tool_choice"  # type: ignore[index]
     with pytest.raises(openai.BadRequestError) as bad_schema:
         await client.responses.create(
-            model=MODEL, input="x", tools=[{"type": "function", "name": "f", "parameters": {"type": "object", "not": {}}}]
+            model=MODEL,
+            input="x",
+            tools=[{"type": "function", "name": "f", "parameters": {"type": "object", "not": {}}}],
         )
     assert bad_schema.value.status_code == 400
 

@@ -88,7 +88,10 @@ def test_per_token_prefill_jitter_uses_the_prefill_deviation() -> None:
     config = Config(latency_calculator="per-token", prefill_time_per_token=0.001, prefill_time_std_dev=0.01)
     model = LatencyModel.from_config(config)
     rng = random.Random(5)
-    samples = {model.time_to_first_token(rng, prompt_tokens=50, cached_tokens=0, remote_prefill=False, factor=1.0) for _ in range(50)}
+    samples = {
+        model.time_to_first_token(rng, prompt_tokens=50, cached_tokens=0, remote_prefill=False, factor=1.0)
+        for _ in range(50)
+    }
     assert len(samples) > 40
     assert all(0.3 * 0.05 <= s <= 1.7 * 0.05 for s in samples)
 

@@ -289,7 +289,9 @@ def test_reconfigure_applies_to_later_decisions_only() -> None:
 
 
 def test_statistics_count_every_outcome() -> None:
-    engine = Engine(Config(time_to_first_token=0.1, inter_token_latency=0.01, max_num_seqs=2, max_waiting_queue_length=1))
+    engine = Engine(
+        Config(time_to_first_token=0.1, inter_token_latency=0.01, max_num_seqs=2, max_waiting_queue_length=1)
+    )
     jobs = [planned_job(prompt=7, output=3) for _ in range(4)]
     for job in jobs[:3]:
         engine.submit(job, 0.0)

@@ -14,7 +14,6 @@ from llmsim.config import Config
 from llmsim.engine import QUEUE_FULL_MESSAGE, Engine, JobState, QueueFullError
 from llmsim.engine.testing import planned_job, recording_sink, run_until_idle
 
-
 # --- TTFT and ITL --------------------------------------------------------------------------
 
 

@@ -34,11 +34,14 @@ def test_shape_invariants(tokens: list[str], top_n: int, offset: int, seed: int)
 
 @settings(max_examples=100, deadline=None)
 @given(TOKENS, st.integers(0, MAX_TOP_LOGPROBS), st.integers(0, 10**4), st.integers(0, 2**32))
-def test_streamed_and_whole_responses_carry_identical_values(tokens: list[str], top_n: int, offset: int,
-                                                             seed: int) -> None:
+def test_streamed_and_whole_responses_carry_identical_values(
+    tokens: list[str], top_n: int, offset: int, seed: int
+) -> None:
     whole = synthesize_logprobs(tokens, top_n=top_n, position_offset=offset, seed=seed)
-    streamed = [synthesize_logprobs([token], top_n=top_n, position_offset=offset + i, seed=seed)[0]
-                for i, token in enumerate(tokens)]
+    streamed = [
+        synthesize_logprobs([token], top_n=top_n, position_offset=offset + i, seed=seed)[0]
+        for i, token in enumerate(tokens)
+    ]
     assert streamed == whole
 
 

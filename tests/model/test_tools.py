@@ -20,13 +20,19 @@ from llmsim.model.tools import (
     plan_tool_calls,
 )
 
-WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
-           "required": ["city", "days"]}
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
+    "required": ["city", "days"],
+}
 TOOLS = [
     ToolSpec.build("get_weather", WEATHER, path="tools[0].function.parameters"),
     ToolSpec.build("get_time", None, path="tools[1].function.parameters"),
-    ToolSpec.build("search", {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
-                   path="tools[2].function.parameters"),
+    ToolSpec.build(
+        "search",
+        {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
+        path="tools[2].function.parameters",
+    ),
 ]
 DEFAULT = ToolCallOptions()
 NEVER_MORE = ToolCallOptions(tool_call_extra_call_probability=0)
@@ -52,14 +58,17 @@ def test_named_tool_must_exist() -> None:
         plan_tool_calls(TOOLS, NamedToolChoice("lookup"), random.Random(0), options=DEFAULT)
 
 
-@pytest.mark.parametrize(("choice", "options", "counts"), [
-    ("required", NEVER_MORE, {1}),
-    ("required", ALWAYS_MORE, {3}),
-    ("auto", NEVER_MORE, {0}),
-    ("auto", ALWAYS_MORE, {3}),
-    ("required", DEFAULT, {1, 2, 3}),
-    ("auto", DEFAULT, {0, 1, 2, 3}),
-])
+@pytest.mark.parametrize(
+    ("choice", "options", "counts"),
+    [
+        ("required", NEVER_MORE, {1}),
+        ("required", ALWAYS_MORE, {3}),
+        ("auto", NEVER_MORE, {0}),
+        ("auto", ALWAYS_MORE, {3}),
+        ("required", DEFAULT, {1, 2, 3}),
+        ("auto", DEFAULT, {0, 1, 2, 3}),
+    ],
+)
 def test_call_counts(choice: ToolChoice, options: ToolCallOptions, counts: set[int]) -> None:
     assert {len(plan) for plan in plans(choice, options)} == counts
 
@@ -122,14 +131,17 @@ def test_tool_spec_build_validates_with_the_tools_path() -> None:
         ToolSpec.build("bad", {"type": "object", "properties": {"x": {"not": {}}}}, path="tools[4].function.parameters")
 
 
-@pytest.mark.parametrize(("fields", "message"), [
-    ({"min_tool_call_integer_param": 5, "max_tool_call_integer_param": 4}, "min-tool-call-integer-param"),
-    ({"min_tool_call_number_param": 1.5, "max_tool_call_number_param": 1.0}, "max-tool-call-number-param"),
-    ({"min_tool_call_array_param_length": 6}, "array-param-length"),
-    ({"max_tool_call_array_param_length": -1}, "max-tool-call-array-param-length must be >= 0"),
-    ({"tool_call_extra_call_probability": 101}, "tool-call-extra-call-probability must be a percentage"),
-    ({"tool_call_not_required_param_probability": -1}, "percentage"),
-])
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"min_tool_call_integer_param": 5, "max_tool_call_integer_param": 4}, "min-tool-call-integer-param"),
+        ({"min_tool_call_number_param": 1.5, "max_tool_call_number_param": 1.0}, "max-tool-call-number-param"),
+        ({"min_tool_call_array_param_length": 6}, "array-param-length"),
+        ({"max_tool_call_array_param_length": -1}, "max-tool-call-array-param-length must be >= 0"),
+        ({"tool_call_extra_call_probability": 101}, "tool-call-extra-call-probability must be a percentage"),
+        ({"tool_call_not_required_param_probability": -1}, "percentage"),
+    ],
+)
 def test_options_are_validated(fields: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ToolCallOptions(**fields)  # type: ignore[arg-type]

@@ -30,11 +30,27 @@ def examples(count: int) -> settings:
 
 
 NAMES = st.sampled_from(["city", "unit", "days", "a", "b", "x y", "ünï"])
-SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-20, 20), st.sampled_from([0.5, -2.25, 3.0]),
-                    st.sampled_from(["red", "green", "", "é"]))
-FRIENDLY_PATTERNS = [r"^\d{3}-\d{4}$", r"^[A-Z]{2,3}$", r"^[a-z0-9_]+$", r"^(\+\d{1,3})?\d{10}$", r"^#[0-9a-fA-F]{6}$",
-                     r"abc", r"^(?:foo|bar)*baz$", r"(?i)^[^a-z]+$", r"\w+\s\W", r"^https?://.*", r"^(\d+\.)*\d+$",
-                     r"^[^@\s]+@[^@\s]+\.[a-z]{2,}$"]
+SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-20, 20),
+    st.sampled_from([0.5, -2.25, 3.0]),
+    st.sampled_from(["red", "green", "", "é"]),
+)
+FRIENDLY_PATTERNS = [
+    r"^\d{3}-\d{4}$",
+    r"^[A-Z]{2,3}$",
+    r"^[a-z0-9_]+$",
+    r"^(\+\d{1,3})?\d{10}$",
+    r"^#[0-9a-fA-F]{6}$",
+    r"abc",
+    r"^(?:foo|bar)*baz$",
+    r"(?i)^[^a-z]+$",
+    r"\w+\s\W",
+    r"^https?://.*",
+    r"^(\d+\.)*\d+$",
+    r"^[^@\s]+@[^@\s]+\.[a-z]{2,}$",
+]
 FORMATS = ["date", "date-time", "time", "email", "uri", "uuid", "hostname", "ipv4", "ipv6", "color"]
 
 
@@ -109,9 +125,19 @@ def enum_schemas(draw: st.DrawFn) -> Schema:
 
 
 LEAVES = st.one_of(
-    st.sampled_from([{"type": "null"}, {"type": "boolean"}, {}, {"type": ["string", "null"]},
-                     {"type": ["integer", "string"], "minimum": 3, "maxLength": 4}]),
-    integer_schemas(), number_schemas(), string_schemas(), enum_schemas(),
+    st.sampled_from(
+        [
+            {"type": "null"},
+            {"type": "boolean"},
+            {},
+            {"type": ["string", "null"]},
+            {"type": ["integer", "string"], "minimum": 3, "maxLength": 4},
+        ]
+    ),
+    integer_schemas(),
+    number_schemas(),
+    string_schemas(),
+    enum_schemas(),
 )
 
 
@@ -148,8 +174,9 @@ def array_schemas(draw: st.DrawFn, children: st.SearchStrategy[Schema]) -> Schem
 def tagged_union(draw: st.DrawFn, children: st.SearchStrategy[Schema]) -> Schema:
     """oneOf that llmsim must accept: distinct types, or a discriminator property."""
     if draw(st.booleans()):
-        kinds = draw(st.lists(st.sampled_from(["null", "boolean", "string", "array", "object"]), min_size=2,
-                              unique=True))
+        kinds = draw(
+            st.lists(st.sampled_from(["null", "boolean", "string", "array", "object"]), min_size=2, unique=True)
+        )
         return {"oneOf": [{"type": kind} for kind in kinds]}
     tags = draw(st.lists(st.sampled_from(["cat", "dog", "fish"]), min_size=2, unique=True))
     branches = []
@@ -171,7 +198,10 @@ def split_all_of(draw: st.DrawFn, children: st.SearchStrategy[Schema]) -> Schema
 
 def friendly_children(children: st.SearchStrategy[Schema]) -> st.SearchStrategy[Schema]:
     return st.one_of(
-        object_schemas(children), array_schemas(children), tagged_union(children), split_all_of(children),
+        object_schemas(children),
+        array_schemas(children),
+        tagged_union(children),
+        split_all_of(children),
         st.lists(children, min_size=1, max_size=3).map(lambda branches: {"anyOf": branches}),
     )
 
@@ -182,11 +212,17 @@ FRIENDLY = st.recursive(LEAVES, friendly_children, max_leaves=8)
 @st.composite
 def friendly_schemas(draw: st.DrawFn) -> Schema:
     root = draw(object_schemas(FRIENDLY))
-    root["$defs"] = {"leaf": draw(FRIENDLY), "tree": {
-        "type": "object",
-        "properties": {"label": {"type": "string"}, "children": {"type": "array", "items": {"$ref": "#/$defs/tree"}}},
-        "required": ["label"],
-    }}
+    root["$defs"] = {
+        "leaf": draw(FRIENDLY),
+        "tree": {
+            "type": "object",
+            "properties": {
+                "label": {"type": "string"},
+                "children": {"type": "array", "items": {"$ref": "#/$defs/tree"}},
+            },
+            "required": ["label"],
+        },
+    }
     root["properties"]["ref"] = {"$ref": "#/$defs/leaf"}
     root["properties"]["tree"] = {"$ref": "#/$defs/tree", "description": "a recursive reference"}
     return root
@@ -205,9 +241,12 @@ def test_friendly_schemas_compile_and_generate_valid_arguments(schema: Schema) -
 @given(friendly_schemas(), st.integers(0, 100), st.integers(0, 100), st.integers(0, 8), st.integers(0, 8))
 def test_options_never_break_validity(schema: Schema, optional: int, nested: int, low: int, extra: int) -> None:
     options = ToolCallOptions(
-        min_tool_call_integer_param=-1000, max_tool_call_integer_param=1000,
-        min_tool_call_number_param=-5.5, max_tool_call_number_param=1e6,
-        min_tool_call_array_param_length=low, max_tool_call_array_param_length=low + extra,
+        min_tool_call_integer_param=-1000,
+        max_tool_call_integer_param=1000,
+        min_tool_call_number_param=-5.5,
+        max_tool_call_number_param=1e6,
+        min_tool_call_array_param_length=low,
+        max_tool_call_array_param_length=low + extra,
         tool_call_not_required_param_probability=optional,
         object_tool_call_not_required_field_probability=nested,
     )
@@ -222,20 +261,33 @@ WILD_PATTERNS = [*FRIENDLY_PATTERNS, r"(?=a)b", r"\bword", r"(a)\1", r"a^b", r"[
 @st.composite
 def wild_keywords(draw: st.DrawFn, children: st.SearchStrategy[object]) -> Schema:
     optional: dict[str, st.SearchStrategy[Any]] = {
-        "type": st.one_of(st.sampled_from(["null", "boolean", "integer", "number", "string", "array", "object"]),
-                          st.lists(st.sampled_from(["integer", "number", "string", "null", "object"]), min_size=1,
-                                   max_size=3, unique=True)),
-        "minimum": st.integers(-10, 10), "maximum": st.integers(-10, 10),
-        "exclusiveMinimum": st.floats(-10, 10, allow_nan=False), "exclusiveMaximum": st.integers(-10, 10),
+        "type": st.one_of(
+            st.sampled_from(["null", "boolean", "integer", "number", "string", "array", "object"]),
+            st.lists(
+                st.sampled_from(["integer", "number", "string", "null", "object"]), min_size=1, max_size=3, unique=True
+            ),
+        ),
+        "minimum": st.integers(-10, 10),
+        "maximum": st.integers(-10, 10),
+        "exclusiveMinimum": st.floats(-10, 10, allow_nan=False),
+        "exclusiveMaximum": st.integers(-10, 10),
         "multipleOf": st.sampled_from([1, 2, 3, 0.5, 0.1, 0.3, 7]),
-        "minLength": st.integers(0, 12), "maxLength": st.integers(0, 12),
-        "pattern": st.sampled_from(WILD_PATTERNS), "format": st.sampled_from(FORMATS),
-        "enum": st.lists(SCALARS, min_size=1, max_size=4), "const": SCALARS,
-        "items": children, "prefixItems": st.lists(children, min_size=1, max_size=2),
-        "minItems": st.integers(0, 4), "maxItems": st.integers(0, 4), "uniqueItems": st.booleans(),
+        "minLength": st.integers(0, 12),
+        "maxLength": st.integers(0, 12),
+        "pattern": st.sampled_from(WILD_PATTERNS),
+        "format": st.sampled_from(FORMATS),
+        "enum": st.lists(SCALARS, min_size=1, max_size=4),
+        "const": SCALARS,
+        "items": children,
+        "prefixItems": st.lists(children, min_size=1, max_size=2),
+        "minItems": st.integers(0, 4),
+        "maxItems": st.integers(0, 4),
+        "uniqueItems": st.booleans(),
         "properties": st.dictionaries(NAMES, children, max_size=3),
-        "required": st.lists(NAMES, max_size=3, unique=True), "additionalProperties": children,
-        "anyOf": st.lists(children, min_size=1, max_size=3), "oneOf": st.lists(children, min_size=1, max_size=3),
+        "required": st.lists(NAMES, max_size=3, unique=True),
+        "additionalProperties": children,
+        "anyOf": st.lists(children, min_size=1, max_size=3),
+        "oneOf": st.lists(children, min_size=1, max_size=3),
         "allOf": st.lists(children, min_size=1, max_size=3),
         "$ref": st.sampled_from(["#/$defs/a", "#/$defs/b", "#/definitions/c", "#/$defs/missing", "#"]),
         "not": children,
@@ -304,31 +356,50 @@ def test_required_always_present_optional_follow_the_probability() -> None:
 
 
 def test_nested_objects_use_their_own_probability() -> None:
-    schema = {"type": "object", "required": ["inner"], "properties": {
-        "inner": {"type": "object", "properties": {"o": {"type": "string"}}}}}
-    options = ToolCallOptions(tool_call_not_required_param_probability=0,
-                              object_tool_call_not_required_field_probability=100)
+    schema = {
+        "type": "object",
+        "required": ["inner"],
+        "properties": {"inner": {"type": "object", "properties": {"o": {"type": "string"}}}},
+    }
+    options = ToolCallOptions(
+        tool_call_not_required_param_probability=0, object_tool_call_not_required_field_probability=100
+    )
     assert all("o" in v["inner"] for v in generate_all(schema, options))  # type: ignore[index]
 
 
 def test_option_ranges_apply_when_the_schema_has_no_bounds() -> None:
-    schema = {"type": "object", "required": ["i", "n", "a"], "properties": {
-        "i": {"type": "integer"}, "n": {"type": "number"}, "a": {"type": "array", "items": {"type": "boolean"}}}}
-    options = ToolCallOptions(min_tool_call_integer_param=7, max_tool_call_integer_param=9,
-                              min_tool_call_number_param=2.0, max_tool_call_number_param=3.0,
-                              min_tool_call_array_param_length=2, max_tool_call_array_param_length=3)
+    schema = {
+        "type": "object",
+        "required": ["i", "n", "a"],
+        "properties": {
+            "i": {"type": "integer"},
+            "n": {"type": "number"},
+            "a": {"type": "array", "items": {"type": "boolean"}},
+        },
+    }
+    options = ToolCallOptions(
+        min_tool_call_integer_param=7,
+        max_tool_call_integer_param=9,
+        min_tool_call_number_param=2.0,
+        max_tool_call_number_param=3.0,
+        min_tool_call_array_param_length=2,
+        max_tool_call_array_param_length=3,
+    )
     for value in generate_all(schema, options):
         assert isinstance(value, dict)
         assert 7 <= value["i"] <= 9 and 2.0 <= value["n"] <= 3.0 and 2 <= len(value["a"]) <= 3
 
 
-@pytest.mark.parametrize(("keywords", "low", "high"), [
-    ({"minimum": 500}, 500, 600),  # the option window moves up to the schema's range
-    ({"maximum": -50}, -150, -50),
-    ({"minimum": 40, "maximum": 45}, 40, 45),
-    ({"exclusiveMinimum": 99, "exclusiveMaximum": 101}, 100, 100),
-    ({"minimum": 1, "multipleOf": 1000}, 1000, 1000),
-])
+@pytest.mark.parametrize(
+    ("keywords", "low", "high"),
+    [
+        ({"minimum": 500}, 500, 600),  # the option window moves up to the schema's range
+        ({"maximum": -50}, -150, -50),
+        ({"minimum": 40, "maximum": 45}, 40, 45),
+        ({"exclusiveMinimum": 99, "exclusiveMaximum": 101}, 100, 100),
+        ({"minimum": 1, "multipleOf": 1000}, 1000, 1000),
+    ],
+)
 def test_schema_bounds_win_over_options(keywords: Schema, low: int, high: int) -> None:
     schema = {"type": "object", "required": ["v"], "properties": {"v": {"type": "integer", **keywords}}}
     for value in generate_all(schema):
@@ -351,22 +422,35 @@ def test_formats_are_realistic() -> None:
 
 
 def test_enum_values_are_filtered_by_the_rest_of_the_schema() -> None:
-    schema = {"type": "object", "required": ["v"], "properties": {
-        "v": {"type": "string", "enum": ["a", 1, "bb", None], "minLength": 2}}}
+    schema = {
+        "type": "object",
+        "required": ["v"],
+        "properties": {"v": {"type": "string", "enum": ["a", 1, "bb", None], "minLength": 2}},
+    }
     assert {v["v"] for v in generate_all(schema)} == {"bb"}  # type: ignore[index]
 
 
 def test_unique_items_sample_small_domains_without_repeats() -> None:
-    schema = {"type": "object", "required": ["v"], "properties": {
-        "v": {"type": "array", "items": {"enum": ["x", "y", "z"]}, "uniqueItems": True, "minItems": 3}}}
+    schema = {
+        "type": "object",
+        "required": ["v"],
+        "properties": {"v": {"type": "array", "items": {"enum": ["x", "y", "z"]}, "uniqueItems": True, "minItems": 3}},
+    }
     assert all(sorted(v["v"]) == ["x", "y", "z"] for v in generate_all(schema))  # type: ignore[index]
 
 
 def test_recursion_is_capped_and_still_valid() -> None:
     schema = {
-        "$defs": {"node": {"type": "object", "required": ["kids"], "properties": {
-            "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}},
-        "type": "object", "required": ["root"], "properties": {"root": {"$ref": "#/$defs/node"}},
+        "$defs": {
+            "node": {
+                "type": "object",
+                "required": ["kids"],
+                "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+            }
+        },
+        "type": "object",
+        "required": ["root"],
+        "properties": {"root": {"$ref": "#/$defs/node"}},
     }
 
     def depth(node: dict[str, Any]) -> int:
@@ -381,14 +465,25 @@ def test_recursion_is_capped_and_still_valid() -> None:
 def test_discriminated_union_with_refs_is_accepted() -> None:
     schema = {
         "$defs": {
-            "Cat": {"type": "object", "properties": {"pet_type": {"const": "cat"}, "lives": {"type": "integer"}},
-                    "required": ["pet_type"]},
-            "Dog": {"type": "object", "properties": {"pet_type": {"const": "dog"}, "bark": {"type": "string"}},
-                    "required": ["pet_type"]},
+            "Cat": {
+                "type": "object",
+                "properties": {"pet_type": {"const": "cat"}, "lives": {"type": "integer"}},
+                "required": ["pet_type"],
+            },
+            "Dog": {
+                "type": "object",
+                "properties": {"pet_type": {"const": "dog"}, "bark": {"type": "string"}},
+                "required": ["pet_type"],
+            },
         },
-        "type": "object", "required": ["pet"],
-        "properties": {"pet": {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
-                               "discriminator": {"propertyName": "pet_type"}}},
+        "type": "object",
+        "required": ["pet"],
+        "properties": {
+            "pet": {
+                "oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+                "discriminator": {"propertyName": "pet_type"},
+            }
+        },
     }
     kinds = set()
     for seed in range(40):
@@ -399,36 +494,51 @@ def test_discriminated_union_with_refs_is_accepted() -> None:
 
 
 def test_pydantic_style_optional_prefers_a_value_over_null() -> None:
-    schema = {"type": "object", "required": ["v"], "properties": {
-        "v": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None}}}
+    schema = {
+        "type": "object",
+        "required": ["v"],
+        "properties": {"v": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None}},
+    }
     assert all(isinstance(v["v"], str) for v in generate_all(schema))  # type: ignore[index]
 
 
 def test_anyof_with_sibling_keywords_is_distributed() -> None:
-    schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
-              "anyOf": [{"required": ["a"]}, {"required": ["b"]}]}
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
+        "anyOf": [{"required": ["a"]}, {"required": ["b"]}],
+    }
     for value in generate_all(schema):
         validate(schema, value)
         assert isinstance(value, dict) and ("a" in value or "b" in value)
 
 
 def test_draft4_boolean_exclusive_bounds_are_honoured() -> None:
-    schema = {"type": "object", "required": ["v"], "properties": {
-        "v": {"type": "integer", "minimum": 5, "exclusiveMinimum": True, "maximum": 6}}}
+    schema = {
+        "type": "object",
+        "required": ["v"],
+        "properties": {"v": {"type": "integer", "minimum": 5, "exclusiveMinimum": True, "maximum": 6}},
+    }
     assert {v["v"] for v in generate_all(schema)} == {6}  # type: ignore[index]
 
 
 def test_fractional_multiple_of_passes_a_validators_division_check() -> None:
-    schema = {"type": "object", "required": ["p"], "properties": {
-        "p": {"type": "number", "multipleOf": 0.07, "minimum": 0, "maximum": 1}}}
+    schema = {
+        "type": "object",
+        "required": ["p"],
+        "properties": {"p": {"type": "number", "multipleOf": 0.07, "minimum": 0, "maximum": 1}},
+    }
     options = ToolCallOptions()
     for seed in range(200):
         validate(schema, generate_arguments(schema, random.Random(seed), options=options))
 
 
 def test_compiled_schemas_are_cached_per_text_and_path() -> None:
-    schema = {"type": "object", "properties": {"b": {"type": "string"}, "a": {"type": "integer"}},
-              "required": ["b", "a"]}
+    schema = {
+        "type": "object",
+        "properties": {"b": {"type": "string"}, "a": {"type": "integer"}},
+        "required": ["b", "a"],
+    }
     first = compile_schema(schema, path=PATH)
     assert compile_schema(json.loads(json.dumps(schema)), path=PATH) is first
     assert compile_schema(schema, path="tools[1].function.parameters") is not first

@@ -13,11 +13,37 @@ from hypothesis import strategies as st
 from llmsim.schema.regex import MAX_PATTERN_LENGTH, PatternError, compile_pattern
 
 SUPPORTED = [
-    r"^\d{3}-\d{4}$", r"^[A-Z]{2,3}$", r"^[a-z0-9_]+$", r"^(\+\d{1,3})?\d{10}$", r"^[^@\s]+@[^@\s]+\.[a-z]{2,}$",
-    r"^https?://.*", r"^#[0-9a-fA-F]{6}$", r"abc", r"(?i)^[^a-z]+$", r"^(?:foo|bar)*baz$", r"a{,3}b{2,}",
-    r"[]a]x{", r"\w+\s\W", r"^[à-ÿ]{3}$", r"(?P<pair>ab)+", r"^$", r"", r"a|b$|^c", r"(?i:ab)[^\u00e9]",
-    r"\x41\101\0\t", r"(?#comment)z", r"\A\d+\Z", r"x*?y+?", r"[\d\-.]{2,4}", r"^(a|bc|def){2}$", r"^\.$",
-    r"^(\d+\.)*\d+$", r".*.*.*.*", r"((a|b)*)*c{10}(d*)*", r"^(a?){5}b{2,4}(cd|e){1,3}$", r"x{128}",
+    r"^\d{3}-\d{4}$",
+    r"^[A-Z]{2,3}$",
+    r"^[a-z0-9_]+$",
+    r"^(\+\d{1,3})?\d{10}$",
+    r"^[^@\s]+@[^@\s]+\.[a-z]{2,}$",
+    r"^https?://.*",
+    r"^#[0-9a-fA-F]{6}$",
+    r"abc",
+    r"(?i)^[^a-z]+$",
+    r"^(?:foo|bar)*baz$",
+    r"a{,3}b{2,}",
+    r"[]a]x{",
+    r"\w+\s\W",
+    r"^[à-ÿ]{3}$",
+    r"(?P<pair>ab)+",
+    r"^$",
+    r"",
+    r"a|b$|^c",
+    r"(?i:ab)[^\u00e9]",
+    r"\x41\101\0\t",
+    r"(?#comment)z",
+    r"\A\d+\Z",
+    r"x*?y+?",
+    r"[\d\-.]{2,4}",
+    r"^(a|bc|def){2}$",
+    r"^\.$",
+    r"^(\d+\.)*\d+$",
+    r".*.*.*.*",
+    r"((a|b)*)*c{10}(d*)*",
+    r"^(a?){5}b{2,4}(cd|e){1,3}$",
+    r"x{128}",
 ]
 
 
@@ -57,26 +83,29 @@ def test_sets_mean_what_python_means() -> None:
     assert all(re.fullmatch(r"\W", non_word.generate(rng, 1)) for _ in range(100))
 
 
-@pytest.mark.parametrize(("source", "words"), [
-    (r"(?=a)b", "a lookahead"),
-    (r"(?!a)b", "a lookahead"),
-    (r"(?<=a)b", "a lookbehind"),
-    (r"(?<!a)b", "a lookbehind"),
-    (r"(a)\1", "a backreference"),
-    (r"(?P<x>a)(?P=x)", "a backreference"),
-    (r"(a)?(?(1)b|c)", "a conditional group"),
-    (r"(?>a)", "an atomic group"),
-    (r"a*+", "a possessive quantifier"),
-    (r"\bfoo", "a word boundary"),
-    (r"foo\B", "a word boundary"),
-    (r"(?x) a b", "the inline flag 'x'"),
-    (r"a^b", "an anchor"),
-    (r"x(^a)", "an anchor"),
-    (r"[^\s\S]", "matches no character"),
-    (r"\N{EM DASH}", r"the escape \N"),
-    (r"[", "not a valid regular expression"),
-    (r"a{300}", f"longer than {MAX_PATTERN_LENGTH}"),
-])
+@pytest.mark.parametrize(
+    ("source", "words"),
+    [
+        (r"(?=a)b", "a lookahead"),
+        (r"(?!a)b", "a lookahead"),
+        (r"(?<=a)b", "a lookbehind"),
+        (r"(?<!a)b", "a lookbehind"),
+        (r"(a)\1", "a backreference"),
+        (r"(?P<x>a)(?P=x)", "a backreference"),
+        (r"(a)?(?(1)b|c)", "a conditional group"),
+        (r"(?>a)", "an atomic group"),
+        (r"a*+", "a possessive quantifier"),
+        (r"\bfoo", "a word boundary"),
+        (r"foo\B", "a word boundary"),
+        (r"(?x) a b", "the inline flag 'x'"),
+        (r"a^b", "an anchor"),
+        (r"x(^a)", "an anchor"),
+        (r"[^\s\S]", "matches no character"),
+        (r"\N{EM DASH}", r"the escape \N"),
+        (r"[", "not a valid regular expression"),
+        (r"a{300}", f"longer than {MAX_PATTERN_LENGTH}"),
+    ],
+)
 def test_refusals_name_the_construct(source: str, words: str) -> None:
     with pytest.raises(PatternError, match=re.escape(words)):
         compile_pattern(source)

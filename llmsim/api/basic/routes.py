@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmsim import __version__
+from llmsim._version import __version__
 from llmsim.api.context import Call
 from llmsim.api.errors import ApiError
 from llmsim.api.router import Router

@@ -112,8 +112,13 @@ class MessagesStreamRenderer:
         blocks = plan.blocks
         self._starts = {block.start: index for index, block in enumerate(blocks) if index}  # later blocks
         self._opens = [
-            b'event: content_block_delta\ndata: {"type":"content_block_delta","index":' + str(index).encode()
-            + (b',"delta":{"type":"text_delta","text":"' if block.kind == TEXT else b',"delta":{"type":"input_json_delta","partial_json":"')
+            b'event: content_block_delta\ndata: {"type":"content_block_delta","index":'
+            + str(index).encode()
+            + (
+                b',"delta":{"type":"text_delta","text":"'
+                if block.kind == TEXT
+                else b',"delta":{"type":"input_json_delta","partial_json":"'
+            )
             for index, block in enumerate(blocks)
         ]
         self._block = 0  # the block now streaming
@@ -146,13 +151,18 @@ class MessagesStreamRenderer:
         job = jobs[0]
         delta = {
             "type": "message_delta",
-            "delta": {"stop_reason": stop_reason_of(self._plan, self._shell.stop_sequence), "stop_sequence": self._shell.stop_sequence},
+            "delta": {
+                "stop_reason": stop_reason_of(self._plan, self._shell.stop_sequence),
+                "stop_sequence": self._shell.stop_sequence,
+            },
             "usage": {"output_tokens": job.completion_tokens},
         }
         return _event("message_delta", delta) + _MESSAGE_STOP
 
     def error(self, error: ApiError) -> bytes:
-        return _event("error", {"type": "error", "error": {"type": anthropic_error_type(error.status), "message": error.message}})
+        return _event(
+            "error", {"type": "error", "error": {"type": anthropic_error_type(error.status), "message": error.message}}
+        )
 
     def _message_start(self, job: Job) -> bytes:
         message: dict[str, object] = {
@@ -170,7 +180,10 @@ class MessagesStreamRenderer:
     def _block_start(self, index: int) -> bytes:
         block = self._plan.blocks[index]
         if block.kind == TEXT:
-            return _event("content_block_start", {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}})
+            return _event(
+                "content_block_start",
+                {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}},
+            )
         start = {"type": "tool_use", "id": block.call_id, "name": block.name, "input": {}}
         return _event("content_block_start", {"type": "content_block_start", "index": index, "content_block": start})
 

@@ -190,7 +190,9 @@ def _blocks_text(content: str | tuple[ContentBlock, ...], where: str, results: l
             results.append(ChatTurn("tool", _blocks_text(inner, f"{at}.content", [])))
         elif kind not in _SKIPPED_BLOCKS:
             known = "text, image, document, tool_use, tool_result"
-            raise ApiError(400, f"{at}.type: Unknown content block type {kind!r}; use one of: {known}", param=f"{at}.type")
+            raise ApiError(
+                400, f"{at}.type: Unknown content block type {kind!r}; use one of: {known}", param=f"{at}.type"
+            )
     return "\n".join(texts)
 
 
@@ -239,7 +241,9 @@ def tool_choice_of(choice: ToolChoiceParam | None, tools: list[FunctionTool]) ->
     single = bool(choice.disable_parallel_tool_use)
     if choice.type not in _CHOICE_TYPES:
         raise ApiError(
-            400, f"tool_choice.type: Input should be one of {', '.join(map(repr, _CHOICE_TYPES))}", param="tool_choice.type"
+            400,
+            f"tool_choice.type: Input should be one of {', '.join(map(repr, _CHOICE_TYPES))}",
+            param="tool_choice.type",
         )
     if choice.type == "none":
         return AnthropicToolChoice("none")

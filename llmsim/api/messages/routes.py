@@ -58,7 +58,9 @@ async def create_message(call: Call) -> None:
     if tools:
         specs = [tool.spec for tool in tools]
         with planning_errors():
-            planned = plan_tool_calls_of(specs, choice.choice, ctx.rng_for(request_id, 1), options=tool_options(ctx.config))
+            planned = plan_tool_calls_of(
+                specs, choice.choice, ctx.rng_for(request_id, 1), options=tool_options(ctx.config)
+            )
         if choice.single:
             planned = planned[:1]
     calls = [(call.name, f"toolu_{request_id}_{i}", call.arguments) for i, call in enumerate(planned)]

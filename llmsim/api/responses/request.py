@@ -178,7 +178,9 @@ def _structure_input(value: object, _: type) -> ResponsesInput:
 
 
 converter.register_structure_hook_func(lambda t: t == ItemContent, _structure_item_content)
-converter.register_structure_hook_func(lambda t: t == (ResponsesInput | None), lambda v, _: None if v is None else _structure_input(v, _))
+converter.register_structure_hook_func(
+    lambda t: t == (ResponsesInput | None), lambda v, _: None if v is None else _structure_input(v, _)
+)
 
 
 def parse_responses_request(body: dict[str, Any]) -> ResponsesRequest:
@@ -190,7 +192,9 @@ def parse_responses_request(body: dict[str, Any]) -> ResponsesRequest:
         raise ApiError(400, "Max completion tokens and max tokens should be positive", param="max_output_tokens")
     if request.top_logprobs is not None and not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
         raise ApiError(
-            400, f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {request.top_logprobs}", param="top_logprobs"
+            400,
+            f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {request.top_logprobs}",
+            param="top_logprobs",
         )
     if request.background:
         raise ApiError(400, "Background responses are not supported by this server.", param="background")
@@ -224,7 +228,11 @@ def input_conversation(value: ResponsesInput | None) -> Conversation:
         if kind == "message":
             role = _required(item.role, f"{where}.role")
             if role not in MESSAGE_ROLES:
-                raise ApiError(400, f"Invalid role {role!r} for {where}; use one of: {', '.join(MESSAGE_ROLES)}.", param=f"{where}.role")
+                raise ApiError(
+                    400,
+                    f"Invalid role {role!r} for {where}; use one of: {', '.join(MESSAGE_ROLES)}.",
+                    param=f"{where}.role",
+                )
             if item.content is None:
                 raise ApiError(400, f"Field '{where}.content' is required.", param=f"{where}.content")
             text, plain = _content_text(item.content, f"{where}.content")
@@ -244,7 +252,9 @@ def input_conversation(value: ResponsesInput | None) -> Conversation:
             has_tool_output = True
         elif kind not in _IGNORED_ITEMS:
             known = "message, function_call, function_call_output"
-            raise ApiError(400, f"Unsupported input item type {kind!r} in {where}; use one of: {known}.", param=f"{where}.type")
+            raise ApiError(
+                400, f"Unsupported input item type {kind!r} in {where}; use one of: {known}.", param=f"{where}.type"
+            )
     return Conversation(tuple(turns), has_tool_output, last_user)
 
 
@@ -273,7 +283,9 @@ def _content_text(content: str | tuple[InputPart, ...], where: str) -> tuple[str
         media = _MEDIA_PARTS.get(part.type)
         if media is None:
             known = ", ".join([*_TEXT_PARTS, *_MEDIA_PARTS])
-            raise ApiError(400, f"Unknown content part type {part.type!r} in {at}; use one of: {known}.", param=f"{at}.type")
+            raise ApiError(
+                400, f"Unknown content part type {part.type!r} in {at}; use one of: {known}.", param=f"{at}.type"
+            )
         _check_media(part, at)
         texts.append(MEDIA[media])
     return "\n".join(texts), "\n".join(plain)
@@ -281,11 +293,19 @@ def _content_text(content: str | tuple[InputPart, ...], where: str) -> tuple[str
 
 def _check_media(part: InputPart, at: str) -> None:
     if part.type == "input_image" and part.image_url is None and part.file_id is None:
-        raise ApiError(400, f"Content part {at} of type 'input_image' needs 'image_url' or 'file_id'.", param=f"{at}.image_url")
+        raise ApiError(
+            400, f"Content part {at} of type 'input_image' needs 'image_url' or 'file_id'.", param=f"{at}.image_url"
+        )
     if part.type == "input_audio" and part.data is None and part.input_audio is None:
-        raise ApiError(400, f"Content part {at} of type 'input_audio' needs 'data' (or 'input_audio').", param=f"{at}.data")
+        raise ApiError(
+            400, f"Content part {at} of type 'input_audio' needs 'data' (or 'input_audio').", param=f"{at}.data"
+        )
     if part.type == "input_file" and part.file_id is None and part.file_data is None and part.file_url is None:
-        raise ApiError(400, f"Content part {at} of type 'input_file' needs 'file_id', 'file_data' or 'file_url'.", param=f"{at}.file_id")
+        raise ApiError(
+            400,
+            f"Content part {at} of type 'input_file' needs 'file_id', 'file_data' or 'file_url'.",
+            param=f"{at}.file_id",
+        )
 
 
 # --- tools, tool_choice, text.format ----------------------------------------------------------
@@ -328,7 +348,11 @@ def tool_choice_of(value: object, tools: list[FunctionTool]) -> ToolChoice:
         return ToolChoice("auto")
     if isinstance(value, str):
         if value not in _CHOICE_MODES:
-            raise ApiError(400, f"Invalid tool_choice {value!r}; use one of: {', '.join(_CHOICE_MODES)}, or an object.", param="tool_choice")
+            raise ApiError(
+                400,
+                f"Invalid tool_choice {value!r}; use one of: {', '.join(_CHOICE_MODES)}, or an object.",
+                param="tool_choice",
+            )
         return ToolChoice(value, echo=value)
     if not isinstance(value, dict):
         raise ApiError(400, "Invalid type for 'tool_choice': expected a string or an object.", param="tool_choice")
@@ -349,7 +373,9 @@ def tool_choice_of(value: object, tools: list[FunctionTool]) -> ToolChoice:
     if kind == "custom":
         return ToolChoice("auto", echo=value)
     raise ApiError(
-        400, f"Unsupported tool_choice type {kind!r}; use 'function', 'allowed_tools' or 'custom'.", param="tool_choice.type"
+        400,
+        f"Unsupported tool_choice type {kind!r}; use 'function', 'allowed_tools' or 'custom'.",
+        param="tool_choice.type",
     )
 
 
@@ -370,8 +396,12 @@ def output_format(text: TextConfig | None, raw: object) -> OutputFormat:
         return OutputFormat("json_object", echo=echo)
     if fmt.type == "json_schema":
         if fmt.schema is None:
-            raise ApiError(400, "Field 'text.format.schema' is required for type 'json_schema'.", param="text.format.schema")
+            raise ApiError(
+                400, "Field 'text.format.schema' is required for type 'json_schema'.", param="text.format.schema"
+            )
         return OutputFormat("json_schema", compile_parameters(fmt.schema, "text.format.schema"), echo)
     raise ApiError(
-        400, f"Invalid text.format type {fmt.type!r}; use one of: text, json_object, json_schema.", param="text.format.type"
+        400,
+        f"Invalid text.format type {fmt.type!r}; use one of: text, json_object, json_schema.",
+        param="text.format.type",
     )

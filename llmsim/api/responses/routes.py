@@ -106,12 +106,17 @@ async def create_response(call: Call) -> None:
         engine_choice: ToolChoice = NamedToolChoice(choice.forced.name) if choice.forced is not None else "required"
         with planning_errors():
             call_plan = plan_single_tool_call(
-                [tool.spec for tool in tools], engine_choice, ctx.rng_for(request_id, 1), options=tool_options(ctx.config)
+                [tool.spec for tool in tools],
+                engine_choice,
+                ctx.rng_for(request_id, 1),
+                options=tool_options(ctx.config),
             )
         assert call_plan is not None  # tools present, choice not "none"
         plan = plan_tool_calls(ctx, [(call_plan.name, ids.call_id, call_plan.arguments)], cap)
     else:
-        plan = _plan_message(ctx, request, fmt.type, fmt.schema, len(prompt), cap, request_id, conversation.last_user_text)
+        plan = _plan_message(
+            ctx, request, fmt.type, fmt.schema, len(prompt), cap, request_id, conversation.last_user_text
+        )
     logprobs = None
     if request.wants_logprobs and plan.blocks[0].kind == TEXT:
         logprobs = TokenLogprobs(request.top_logprobs or 0, choice_seed(ctx.config.seed, request_id, 0))
@@ -183,10 +188,17 @@ def _plan_message(
     ignore_eos = bool(request.ignore_eos)
     if format_type == "json_object":
         budget = max(1, cap - _JSON_OBJECT_OVERHEAD)
-        inner = plan_text(ctx, rng, prompt_tokens=prompt_tokens, max_tokens=budget, ignore_eos=ignore_eos, echo_text=echo_text)
+        inner = plan_text(
+            ctx, rng, prompt_tokens=prompt_tokens, max_tokens=budget, ignore_eos=ignore_eos, echo_text=echo_text
+        )
         return plan_fixed_text(ctx, json.dumps({"response": "".join(inner.pieces)}, ensure_ascii=False), cap)
     return plan_text(
-        ctx, rng, prompt_tokens=prompt_tokens, max_tokens=request.max_output_tokens, ignore_eos=ignore_eos, echo_text=echo_text
+        ctx,
+        rng,
+        prompt_tokens=prompt_tokens,
+        max_tokens=request.max_output_tokens,
+        ignore_eos=ignore_eos,
+        echo_text=echo_text,
     )
 
 

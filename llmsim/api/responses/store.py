@@ -74,7 +74,9 @@ class ResponseStore:
 
 
 def not_found(response_id: str) -> ApiError:
-    return ApiError(404, f"Response with id '{response_id}' not found.", param="response_id", error_type="invalid_request_error")
+    return ApiError(
+        404, f"Response with id '{response_id}' not found.", param="response_id", error_type="invalid_request_error"
+    )
 
 
 _stores: weakref.WeakKeyDictionary[ApiContext, ResponseStore] = weakref.WeakKeyDictionary()

@@ -25,7 +25,7 @@ from llmsim.protocol.asgi.app import AsgiApp
 from llmsim.protocol.settings import MAX_HEADER_BYTES, ConnectionTracker, ServerHandle
 from llmsim.protocol.tls import ALPN_PROTOCOLS, server_ssl_context
 
-__all__ = ["serve_hypercorn", "hypercorn_config", "SimulatorLike"]
+__all__ = ["SimulatorLike", "hypercorn_config", "serve_hypercorn"]
 
 # How long past the grace period hypercorn may take to return before it is cancelled
 # (hypercorn cancels its own connections at the grace period; this covers the rest).
@@ -92,9 +92,7 @@ async def serve_hypercorn(
     shutdown = trio.Event()
     server_scope = trio.CancelScope()
     async with trio.open_nursery() as nursery:
-        binds: list[str] = await nursery.start(
-            _run_hypercorn, sim.run_engine, app, hc, shutdown.wait, server_scope
-        )
+        binds: list[str] = await nursery.start(_run_hypercorn, sim.run_engine, app, hc, shutdown.wait, server_scope)
         # Cancelled before this point is a hard stop; from here on it is graceful.
         server_scope.shield = True
         task_status.started(_server_handle(binds[0], tracker))
@@ -118,9 +116,7 @@ async def _run_hypercorn(
     with scope:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(run_engine)
-            await hypercorn.trio.serve(
-                app, hc, shutdown_trigger=shutdown_trigger, task_status=task_status, mode="asgi"
-            )
+            await hypercorn.trio.serve(app, hc, shutdown_trigger=shutdown_trigger, task_status=task_status, mode="asgi")
             nursery.cancel_scope.cancel()
 
 

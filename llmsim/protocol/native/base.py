@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from llmsim.api.http import Application
 from llmsim.protocol.settings import ConnectionTracker, ProtocolSettings
 
-__all__ = ["Transport", "ProtocolHandler"]
+__all__ = ["ProtocolHandler", "Transport"]
 
 
 class Transport(Protocol):

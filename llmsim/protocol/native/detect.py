@@ -13,7 +13,7 @@ import enum
 import attrs
 import trio
 
-__all__ = ["Wire", "sniff", "PrefixedStream", "H2_PREFACE", "RECEIVE_SIZE"]
+__all__ = ["H2_PREFACE", "RECEIVE_SIZE", "PrefixedStream", "Wire", "sniff"]
 
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 TLS_HANDSHAKE_RECORD = 0x16

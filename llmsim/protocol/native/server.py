@@ -21,7 +21,7 @@ import trio
 from llmsim.api.http import Application
 from llmsim.config import Config
 from llmsim.protocol.native.connection import Connection, WriteCoalescer
-from llmsim.protocol.settings import ConnectionTracker, ProtocolSettings, ServerHandle, ServerStatistics
+from llmsim.protocol.settings import ConnectionTracker, ProtocolSettings, ServerHandle
 from llmsim.protocol.tls import server_ssl_context
 
 __all__ = ["open_listener", "serve_app"]

@@ -28,7 +28,8 @@ def role(index: int = 0) -> bytes:
 
 def token(text: bytes, index: int = 0) -> bytes:
     return (
-        HEAD + b'[{"index":%d,"delta":{"content":"%s"},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
+        HEAD
+        + b'[{"index":%d,"delta":{"content":"%s"},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
         % (index, text)
     )
 
@@ -176,8 +177,7 @@ def test_a_failure_after_the_stream_began_is_reported_in_band() -> None:
         role()
         + token(b"a")
         + b'data: {"error": {"message": "Internal server error", "type": "InternalServerError", "param": null, '
-        b'"code": 500}}\n\n'
-        + DONE
+        b'"code": 500}}\n\n' + DONE
     )
 
 

@@ -446,18 +446,32 @@ async def test_a_schema_that_admits_no_value_is_a_400_on_every_endpoint(autojump
     """Accepted at compile time, but ``uniqueItems`` cannot be met: the client's 400, not a 500."""
     impossible = {
         "type": "object",
-        "properties": {"a": {"type": "array", "items": {"type": "string", "pattern": "^(a|a|a|a)$"}, "minItems": 2, "uniqueItems": True}},
+        "properties": {
+            "a": {
+                "type": "array",
+                "items": {"type": "string", "pattern": "^(a|a|a|a)$"},
+                "minItems": 2,
+                "uniqueItems": True,
+            }
+        },
         "required": ["a"],
     }
     chat_tools = [{"type": "function", "function": {"name": "f", "parameters": impossible}}]
     flat_tools = [{"type": "function", "name": "f", "parameters": impossible}]
     async with running() as sim:
         chat_response = await post(sim, PATH, chat(tools=chat_tools, tool_choice="required"))
-        responses_response = await post(sim, "/v1/responses", {"input": "hi", "tools": flat_tools, "tool_choice": "required"})
+        responses_response = await post(
+            sim, "/v1/responses", {"input": "hi", "tools": flat_tools, "tool_choice": "required"}
+        )
         messages_response = await post(
             sim,
             "/v1/messages",
-            {"max_tokens": 50, "messages": [{"role": "user", "content": "hi"}], "tools": [{"name": "f", "input_schema": impossible}], "tool_choice": {"type": "any"}},
+            {
+                "max_tokens": 50,
+                "messages": [{"role": "user", "content": "hi"}],
+                "tools": [{"name": "f", "input_schema": impossible}],
+                "tool_choice": {"type": "any"},
+            },
         )
         assert sim.engine.statistics().submitted == 0
     for response in (chat_response, responses_response):

@@ -85,7 +85,7 @@ def test_a_job_without_tokens_sends_one_empty_finishing_chunk() -> None:
 def test_echo_prepends_each_prompt_to_its_choices_first_chunk() -> None:
     run, _ = stream(
         [(("x", "y"), "length"), (("z",), "stop"), ((), "stop")],
-        echo_prompts=["Say \"hi\"", "1 2"],
+        echo_prompts=['Say "hi"', "1 2"],
         choices_per_prompt=2,
     )
     assert run.writes_at() == {

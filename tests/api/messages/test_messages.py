@@ -35,7 +35,9 @@ def message(**fields: Any) -> dict[str, Any]:
 async def test_non_streaming_message(autojump_clock: MockClock) -> None:
     async with running(**LATENCY) as sim:
         started = trio.current_time()
-        response = await post(sim, PATH, message(max_tokens=5, ignore_eos=True, system=[{"type": "text", "text": "Be brief."}]))
+        response = await post(
+            sim, PATH, message(max_tokens=5, ignore_eos=True, system=[{"type": "text", "text": "Be brief."}])
+        )
         elapsed = trio.current_time() - started
     body = response.json()
     assert response.status == 200 and elapsed == pytest.approx(0.14)
@@ -63,8 +65,14 @@ async def test_stream_starts_with_the_first_token(autojump_clock: MockClock) -> 
         (message(max_tokens=0), "max_tokens: must be greater than or equal to 1"),
         (message(messages=[]), "messages: at least one message is required"),
         ({"model": "llmsim/sim-model", "max_tokens": 5}, "Field 'messages' is required."),
-        (message(messages=[{"role": "system", "content": "x"}]), "messages.0.role: Input should be 'user' or 'assistant'"),
-        (message(messages=[{"role": "user", "content": [{"type": "image"}]}]), "messages.0.content.0.source: Field required"),
+        (
+            message(messages=[{"role": "system", "content": "x"}]),
+            "messages.0.role: Input should be 'user' or 'assistant'",
+        ),
+        (
+            message(messages=[{"role": "user", "content": [{"type": "image"}]}]),
+            "messages.0.content.0.source: Field required",
+        ),
         (
             message(messages=[{"role": "user", "content": [{"type": "image", "source": {"type": "base64"}}]}]),
             "messages.0.content.0.source.data: Field required",
@@ -95,7 +103,10 @@ async def test_not_found_malformed_json_and_wrong_method(autojump_clock: MockClo
         wrong_method = FakeResponse()
         await sim.app.handle(HttpRequest("GET", PATH), wrong_method)
     assert unknown.status == 404
-    assert unknown.json() == {"type": "error", "error": {"type": "not_found_error", "message": "The model `claude-nope` does not exist."}}
+    assert unknown.json() == {
+        "type": "error",
+        "error": {"type": "not_found_error", "message": "The model `claude-nope` does not exist."},
+    }
     assert malformed.status == 400 and malformed.json()["error"]["type"] == "invalid_request_error"
     assert wrong_method.status == 405
     assert wrong_method.json()["type"] == "error"
@@ -104,12 +115,21 @@ async def test_not_found_malformed_json_and_wrong_method(autojump_clock: MockClo
 
 async def test_tool_choice_rules(autojump_clock: MockClock) -> None:
     async with running() as sim:
-        anys = [(await post(sim, PATH, message(tools=TOOLS, tool_choice={"type": "any"}, max_tokens=200))).json() for _ in range(8)]
-        forced = (await post(sim, PATH, message(tools=TOOLS, tool_choice={"type": "tool", "name": "get_weather"}))).json()
+        anys = [
+            (await post(sim, PATH, message(tools=TOOLS, tool_choice={"type": "any"}, max_tokens=200))).json()
+            for _ in range(8)
+        ]
+        forced = (
+            await post(sim, PATH, message(tools=TOOLS, tool_choice={"type": "tool", "name": "get_weather"}))
+        ).json()
         none = (await post(sim, PATH, message(tools=TOOLS, tool_choice={"type": "none"}))).json()
         autos = [(await post(sim, PATH, message(tools=TOOLS, max_tokens=200))).json() for _ in range(12)]
         single = [
-            (await post(sim, PATH, message(tools=TOOLS, tool_choice={"type": "any", "disable_parallel_tool_use": True}))).json()
+            (
+                await post(
+                    sim, PATH, message(tools=TOOLS, tool_choice={"type": "any", "disable_parallel_tool_use": True})
+                )
+            ).json()
             for _ in range(8)
         ]
     for body in anys:
@@ -139,8 +159,17 @@ async def test_stop_sequences_cut_the_text(autojump_clock: MockClock) -> None:
 async def test_count_tokens_matches_usage_and_history_counts(autojump_clock: MockClock) -> None:
     conversation = [
         *HELLO,
-        {"role": "assistant", "content": [{"type": "text", "text": "Let me check."}, {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris", "unit": "c"}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "21"}]}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Let me check."},
+                {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris", "unit": "c"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "21"}]}],
+        },
     ]
     fields = {"messages": conversation, "system": "Be brief.", "tools": TOOLS}
     async with running() as sim:
@@ -154,8 +183,13 @@ async def test_count_tokens_matches_usage_and_history_counts(autojump_clock: Moc
 
 
 async def test_echo_mode_and_request_id(autojump_clock: MockClock) -> None:
-    content = [{"type": "text", "text": "say this"}, {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}]
+    content = [
+        {"type": "text", "text": "say this"},
+        {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}},
+    ]
     async with running(mode="echo") as sim:
-        response = await post(sim, PATH, message(messages=[{"role": "user", "content": content}]), headers=((b"x-request-id", b"abc"),))
+        response = await post(
+            sim, PATH, message(messages=[{"role": "user", "content": content}]), headers=((b"x-request-id", b"abc"),)
+        )
     assert response.json()["content"][0]["text"] == "say this"
     assert response.json()["id"] == "msg_abc" and response.headers[b"x-request-id"] == b"abc"

@@ -39,9 +39,9 @@ def run_stream(plan: TurnPlan, shell: MessageShell = SHELL) -> tuple[EngineRun, 
 
 
 def block_start(index: int, block: bytes) -> bytes:
-    return (
-        b'event: content_block_start\ndata: {"type":"content_block_start","index":%d,"content_block":%s}\n\n'
-        % (index, block)
+    return b'event: content_block_start\ndata: {"type":"content_block_start","index":%d,"content_block":%s}\n\n' % (
+        index,
+        block,
     )
 
 
@@ -101,7 +101,9 @@ def test_two_tool_use_blocks_exact_bytes() -> None:
         + message_delta(b'"tool_use"', 3)
         + STOP,
     }
-    assert b'"content":[{"type":"tool_use","id":"toolu_1_0","name":"f","input":{"a":1}},' in message_body(SHELL, plan, job)
+    assert b'"content":[{"type":"tool_use","id":"toolu_1_0","name":"f","input":{"a":1}},' in message_body(
+        SHELL, plan, job
+    )
 
 
 def test_max_tokens_and_stop_sequence_reasons() -> None:

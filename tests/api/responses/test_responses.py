@@ -53,7 +53,13 @@ async def test_non_streaming_text_turn(autojump_clock: MockClock) -> None:
     assert message["type"] == "message" and message["role"] == "assistant" and message["status"] == "incomplete"
     assert message["content"][0]["type"] == "output_text" and message["content"][0]["text"]
     assert body["usage"]["output_tokens"] == 4
-    assert list(body["usage"]) == ["input_tokens", "input_tokens_details", "output_tokens", "output_tokens_details", "total_tokens"]
+    assert list(body["usage"]) == [
+        "input_tokens",
+        "input_tokens_details",
+        "output_tokens",
+        "output_tokens_details",
+        "total_tokens",
+    ]
 
 
 async def test_stream_head_is_sent_at_once_and_content_after_ttft(autojump_clock: MockClock) -> None:
@@ -77,14 +83,26 @@ async def test_stream_head_is_sent_at_once_and_content_after_ttft(autojump_clock
         ({"input": "x", "stream": "yes"}, "stream", "Invalid type"),
         ({"input": [{"type": "message", "content": "x"}]}, "input[0].role", "required"),
         ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role", "Invalid role"),
-        ({"input": [{"role": "user", "content": [{"type": "input_video"}]}]}, "input[0].content[0].type", "Unknown content part"),
-        ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, "input[0].content[0].text", "has no 'text'"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_video"}]}]},
+            "input[0].content[0].type",
+            "Unknown content part",
+        ),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_text"}]}]},
+            "input[0].content[0].text",
+            "has no 'text'",
+        ),
         ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0].content[0].image_url", "needs"),
         ({"input": [{"type": "web_search_call"}]}, "input[0].type", "Unsupported input item type"),
         ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input[0].call_id", "required"),
         ({"input": [{"type": "function_call_output", "call_id": "c"}]}, "input[0].output", "required"),
         ({"input": "x", "tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "Invalid tool_choice"),
-        ({"input": "x", "tools": TOOLS, "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice", "not found"),
+        (
+            {"input": "x", "tools": TOOLS, "tool_choice": {"type": "function", "name": "nope"}},
+            "tool_choice",
+            "not found",
+        ),
         ({"input": "x", "tools": TOOLS, "tool_choice": {"type": "function"}}, "tool_choice.name", "needs a 'name'"),
         ({"input": "x", "tool_choice": {"type": "file_search"}}, "tool_choice.type", "Unsupported tool_choice"),
         ({"input": "x", "tool_choice": 3}, "tool_choice", "expected a string or an object"),
@@ -94,10 +112,18 @@ async def test_stream_head_is_sent_at_once_and_content_after_ttft(autojump_clock
             "tools[0].parameters",
             "Tool validation failed",
         ),
-        ({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": [1]}]}, "tools[0].parameters", "expected an object"),
+        (
+            {"input": "x", "tools": [{"type": "function", "name": "f", "parameters": [1]}]},
+            "tools[0].parameters",
+            "expected an object",
+        ),
         ({"input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}}, "text.format.schema", "required"),
         ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format.type", "Invalid text.format type"),
-        ({"input": "x", "text": {"format": {"type": "json_schema", "schema": {"type": "foo"}}}}, "text.format.schema", "failed"),
+        (
+            {"input": "x", "text": {"format": {"type": "json_schema", "schema": {"type": "foo"}}}},
+            "text.format.schema",
+            "failed",
+        ),
         ({"input": "x", "background": True}, "background", "not supported"),
     ],
 )
@@ -122,16 +148,25 @@ async def test_unknown_model_and_context_length(autojump_clock: MockClock) -> No
 
 async def test_tool_turn_rules(autojump_clock: MockClock) -> None:
     question = {"role": "user", "content": "Weather in Paris?"}
-    call = {"type": "function_call", "call_id": "call_a", "name": "get_weather", "arguments": '{"city": "Paris", "days": 1}'}
+    call = {
+        "type": "function_call",
+        "call_id": "call_a",
+        "name": "get_weather",
+        "arguments": '{"city": "Paris", "days": 1}',
+    }
     output = {"type": "function_call_output", "call_id": "call_a", "output": "sunny"}
     async with running() as sim:
         omitted = await post(sim, PATH, {"input": [question], "tools": TOOLS})
         auto = await post(sim, PATH, {"input": [question], "tools": TOOLS, "tool_choice": "auto"})
         required = await post(sim, PATH, {"input": [question], "tools": TOOLS, "tool_choice": "required"})
         none = await post(sim, PATH, {"input": [question], "tools": TOOLS, "tool_choice": "none"})
-        after_output = await post(sim, PATH, {"input": [question, call, output], "tools": TOOLS, "tool_choice": "required"})
+        after_output = await post(
+            sim, PATH, {"input": [question, call, output], "tools": TOOLS, "tool_choice": "required"}
+        )
         allowed = await post(
-            sim, PATH, {"input": "x", "tools": TOOLS, "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": []}}
+            sim,
+            PATH,
+            {"input": "x", "tools": TOOLS, "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": []}},
         )
         custom = await post(sim, PATH, {"input": "x", "tools": TOOLS, "tool_choice": {"type": "custom", "name": "c"}})
         hosted_only = await post(sim, PATH, {"input": "x", "tools": [{"type": "web_search"}]})
@@ -167,13 +202,17 @@ async def test_tools_stay_off_across_previous_response_id(autojump_clock: MockCl
         first = (await post(sim, PATH, {"input": "Weather?", "tools": TOOLS})).json()
         [call] = first["output"]
         output = {"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}
-        second = (await post(sim, PATH, {"input": [output], "tools": TOOLS, "previous_response_id": first["id"]})).json()
+        second = (
+            await post(sim, PATH, {"input": [output], "tools": TOOLS, "previous_response_id": first["id"]})
+        ).json()
         third = await post(sim, PATH, {"input": "And tomorrow?", "tools": TOOLS, "previous_response_id": second["id"]})
     assert second["output"][0]["type"] == "message"
     assert output_types(third) == ["message"]  # history carries a function_call_output
 
 
-async def test_previous_response_id_history_is_counted_and_instructions_are_not_carried(autojump_clock: MockClock) -> None:
+async def test_previous_response_id_history_is_counted_and_instructions_are_not_carried(
+    autojump_clock: MockClock,
+) -> None:
     async with running() as sim:
         first = (await post(sim, PATH, {"input": "Hello", "instructions": "Be kind.", "max_output_tokens": 5})).json()
         alone = (await post(sim, PATH, {"input": "Again"})).json()
@@ -246,7 +285,13 @@ async def test_echo_mode_replays_the_last_user_text(autojump_clock: MockClock) -
     items = [
         {"role": "user", "content": [{"type": "input_text", "text": "first"}]},
         {"role": "assistant", "content": [{"type": "output_text", "text": "ok"}]},
-        {"role": "user", "content": [{"type": "input_text", "text": "echo me"}, {"type": "input_audio", "input_audio": {"data": "AAA", "format": "wav"}}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "input_text", "text": "echo me"},
+                {"type": "input_audio", "input_audio": {"data": "AAA", "format": "wav"}},
+            ],
+        },
     ]
     async with running(mode="echo") as sim:
         response = await post(sim, PATH, {"input": items})

@@ -28,12 +28,18 @@ IN_PROGRESS = (
     b'"store":true,"text":{"format":{"type":"text"}},"top_logprobs":0,"truncation":"disabled","usage":null,"user":null}'
 )
 HEAD = (
-    b"event: response.created\ndata: {\"response\":" + IN_PROGRESS + b',"sequence_number":0,"type":"response.created"}\n\n'
-    b"event: response.in_progress\ndata: {\"response\":" + IN_PROGRESS + b',"sequence_number":1,"type":"response.in_progress"}\n\n'
+    b'event: response.created\ndata: {"response":'
+    + IN_PROGRESS
+    + b',"sequence_number":0,"type":"response.created"}\n\n'
+    b'event: response.in_progress\ndata: {"response":'
+    + IN_PROGRESS
+    + b',"sequence_number":1,"type":"response.in_progress"}\n\n'
 )
 
 
-def run_stream(plan: TurnPlan, logprobs: TokenLogprobs | None = None) -> tuple[EngineRun, ResponsesStreamRenderer, EventStreamingSink]:
+def run_stream(
+    plan: TurnPlan, logprobs: TokenLogprobs | None = None
+) -> tuple[EngineRun, ResponsesStreamRenderer, EventStreamingSink]:
     run = EngineRun(**LATENCY)
     renderer = ResponsesStreamRenderer(shell=SHELL, plan=plan, ids=IDS, logprobs=logprobs, clock=lambda: 2.0)
     sink = EventStreamingSink(run.response, renderer, 1, lambda job: run.engine.resume(job, run.now))
@@ -83,7 +89,9 @@ def test_text_turn_exact_bytes() -> None:
             b'"type":"response.output_item.done"}\n\n'
             b"event: response.completed\n"
             b'data: {"response":{"id":"resp_1","created_at":1,"error":null,"incomplete_details":null,"instructions":null,'
-            b'"metadata":null,"model":"m","object":"response","output":[' + final_message + b'],"parallel_tool_calls":true,'
+            b'"metadata":null,"model":"m","object":"response","output":['
+            + final_message
+            + b'],"parallel_tool_calls":true,'
             b'"temperature":1.0,"tool_choice":"auto","tools":[],"top_p":1.0,"background":false,"completed_at":2,'
             b'"max_output_tokens":16,"max_tool_calls":null,"previous_response_id":null,"prompt":null,"reasoning":null,'
             b'"service_tier":"auto","status":"completed","store":true,"text":{"format":{"type":"text"}},"top_logprobs":0,'
@@ -107,7 +115,9 @@ def test_tool_turn_exact_bytes() -> None:
     def delta(text: bytes, seq: int) -> bytes:
         return (
             b'event: response.function_call_arguments.delta\ndata: {"delta":"' + text + b'","item_id":"fc_1",'
-            b'"output_index":0,"sequence_number":' + str(seq).encode() + b',"type":"response.function_call_arguments.delta"}\n\n'
+            b'"output_index":0,"sequence_number":'
+            + str(seq).encode()
+            + b',"type":"response.function_call_arguments.delta"}\n\n'
         )
 
     writes = run.writes_at()
@@ -123,8 +133,7 @@ def test_tool_turn_exact_bytes() -> None:
     assert writes[0.13] == delta(b"Paris", 6)
     end = writes[0.14]
     assert end.startswith(
-        delta(b'\\"}', 7)
-        + b"event: response.function_call_arguments.done\n"
+        delta(b'\\"}', 7) + b"event: response.function_call_arguments.done\n"
         b'data: {"arguments":"{\\"city\\": \\"Paris\\"}","item_id":"fc_1","name":"get_weather","output_index":0,'
         b'"sequence_number":8,"type":"response.function_call_arguments.done"}\n\n'
         b"event: response.output_item.done\n"

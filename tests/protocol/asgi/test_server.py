@@ -169,7 +169,9 @@ async def open_stream(port: int, http_version: str) -> trio.SocketStream:
 
 
 def test_hypercorn_config_follows_ours() -> None:
-    hc = hypercorn_config(Config(host="::1", port=0, max_concurrent_streams=7, shutdown_grace_period=2.5, keep_alive_timeout=9.0))
+    hc = hypercorn_config(
+        Config(host="::1", port=0, max_concurrent_streams=7, shutdown_grace_period=2.5, keep_alive_timeout=9.0)
+    )
     assert hc.bind == ["[::1]:0"]
     assert (hc.h2_max_concurrent_streams, hc.graceful_timeout, hc.keep_alive_timeout) == (7, 2.5, 9.0)
     assert hc.alpn_protocols == ["h2", "http/1.1"]

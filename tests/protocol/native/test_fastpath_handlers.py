@@ -48,7 +48,7 @@ class Observer:
                 if isinstance(event, h2.events.DataReceived):
                     assert event.data is not None
                     self.frame_sizes.append((len(event.data), conn.max_inbound_frame_size))
-                self.client._record(event)  # noqa: SLF001 - the helper's own bookkeeping
+                self.client._record(event)
 
     async def settle(self) -> None:
         """Until nothing moves: the server has sent all it can and the client has read it
@@ -64,12 +64,12 @@ class Observer:
 def server_h2(connection: object) -> h2.connection.H2Connection:
     handler = connection.handler  # type: ignore[attr-defined]
     assert isinstance(handler, Http2Handler)
-    return handler._h2  # noqa: SLF001 - the test compares the server's windows with the client's
+    return handler._h2
 
 
 def check_windows(client: H2Client, server: h2.connection.H2Connection, sids: list[int]) -> None:
     conn = client.conn
-    assert conn._inbound_flow_control_window_manager.current_window_size == server.outbound_flow_control_window  # noqa: SLF001
+    assert conn._inbound_flow_control_window_manager.current_window_size == server.outbound_flow_control_window
     for sid in sids:
         if sid in server.streams and not server.streams[sid].closed:
             assert conn.streams[sid].inbound_flow_control_window == server.streams[sid].outbound_flow_control_window

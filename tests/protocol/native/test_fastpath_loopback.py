@@ -76,7 +76,9 @@ async def test_a_late_reader_gets_every_byte_in_order_on_http1(
     handle = await nursery.start(serve_app, app, Config(port=0))
     stream = await trio.open_tcp_stream(handle.host, handle.port)
     client = H1Client(stream)
-    await client.send(h11.Request(method="GET", target=f"/big?size={SIZE}", headers=[("host", "x")]), h11.EndOfMessage())
+    await client.send(
+        h11.Request(method="GET", target=f"/big?size={SIZE}", headers=[("host", "x")]), h11.EndOfMessage()
+    )
     await trio.sleep(0.3)  # the kernel buffers fill; the writer waits in send_all
     head, body = await client.response()
     assert head.status_code == 200 and body == b"x" * SIZE
