@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections.abc import Callable
 
@@ -10,13 +11,14 @@ import trio
 
 from llmsim.api import basic, chat, completions, messages, responses
 from llmsim.api.context import ApiContext
+from llmsim.api.responses.store import ResponseStore
 from llmsim.api.router import Api, Router
-from llmsim.config import Config
+from llmsim.config import Config, ConfigError
 from llmsim.engine.scheduler import Engine
 from llmsim.model.text import TextGenerator
-from llmsim.model.tokenizer import load_tokenizer
+from llmsim.model.tokenizer import Tokenizer, load_tokenizer
 
-__all__ = ["STEP_QUANTUM", "Simulator", "build_router"]
+__all__ = ["STEP_QUANTUM", "Simulator", "build_engine", "build_router"]
 
 #: The engine task's step grid (seconds; the engine rounds it to divide the inter-token
 #: latency).  Every token is handed out at the first grid time at or after its
@@ -28,6 +30,19 @@ STEP_QUANTUM = 0.002
 
 def _nothing() -> None:
     pass
+
+
+def build_engine(config: Config) -> Engine:
+    """The engine ``config`` asks for; ``--seed`` seeds its latency jitter."""
+    return Engine(config.engine, config.latency, rng=random.Random(config.model.seed))
+
+
+def _tokenizer(path: str | None) -> Tokenizer:
+    """The tokenizer at ``path``; one that cannot be loaded is a configuration error."""
+    try:
+        return load_tokenizer(path)
+    except ValueError as exc:
+        raise ConfigError("tokenizer", str(exc)) from None
 
 
 def build_router() -> Router:
@@ -50,16 +65,19 @@ class Simulator:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.engine = Engine(config)
-        tokenizer = load_tokenizer(config.tokenizer)
+        self.engine = build_engine(config)
+        tokenizer = _tokenizer(config.model.tokenizer)
         self.ctx = ApiContext(
-            config=config,
+            model=config.model,
+            tool_calls=config.tool_calls,
+            startup_duration=config.server.startup_duration,
             engine=self.engine,
             tokenizer=tokenizer,
-            text=TextGenerator(config, tokenizer),
+            text=TextGenerator(config.model, tokenizer),
             clock=trio.current_time,
             wall_clock=time.time,
             started_at=trio.current_time(),
+            response_store=ResponseStore(),
         )
         self.app = Api(self.ctx, build_router())
 

@@ -1,11 +1,17 @@
-"""The one frozen configuration object, and how it is built.
+"""The one frozen configuration object, and how it is read.
 
-Sources, highest first: command-line flags, environment (``LLMSIM_<KEY>`` with the
-kebab-case key upper-cased and ``-`` turned into ``_``; ``SIM_MODEL`` too, as in
+:class:`Config` is composed of the option groups of :mod:`llmsim.options`; its keyword
+arguments are flat (``Config(port=0, time_to_first_token=0.05)``) and each goes to its
+group.  Sources, highest first: command-line flags, environment (``LLMSIM_<KEY>`` with
+the kebab-case key upper-cased and ``-`` turned into ``_``; ``SIM_MODEL`` too, as in
 llm-d-inference-sim), a YAML file (``--config`` or ``LLMSIM_CONFIG``), defaults.  Keys
-are the kebab-case names of llm-d-inference-sim; fields are their snake_case twins.
-Durations are seconds as floats in :class:`Config`; on the wire they accept ``100ms``,
-``1.5s``, Go's ``1m30s`` or a bare number of milliseconds.
+are the kebab-case names of llm-d-inference-sim.
+
+Every value goes through one lenient cattrs converter (:data:`converter`).  Text (flags,
+environment) and YAML values are read the same way: durations ``100ms``, ``1.5s``, Go's
+``1m30s`` or a bare number of milliseconds; booleans ``true``/``yes``/``on``/``1``; name
+lists space- or comma-separated.  Python values given to :class:`Config` are used as
+they are (a duration number is seconds), and strings among them are read as text.
 """
 
 from __future__ import annotations
@@ -13,37 +19,44 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+import types
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NewType, Union, get_args, get_origin
 
 import attrs
+import cattrs
 import yaml
 
+from llmsim.options import (
+    ConfigError,
+    EngineOptions,
+    LatencyOptions,
+    ModelOptions,
+    OptionDoc,
+    ServerOptions,
+    ToolCallOptions,
+    option_doc,
+    option_key,
+)
+
 __all__ = [
-    "DURATION_FIELDS",
-    "FIELD_KEYS",
     "IGNORED_KEYS",
+    "SETTINGS",
     "Config",
     "ConfigError",
     "IgnoredKey",
+    "Setting",
     "config_from_environment",
     "config_from_mapping",
+    "converter",
     "format_duration",
     "load_config",
     "parse_duration",
     "read_yaml",
+    "sections",
 ]
 
-DEFAULT_MODEL = "llmsim/sim-model"
-
-
-class ConfigError(ValueError):
-    """A configuration value or key is invalid.  ``key`` names it in kebab-case."""
-
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(f"invalid configuration: {key}: {message}")
-        self.key = key
-
+# --- durations -----------------------------------------------------------------------------
 
 _NUMBER = r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
 _BARE_NUMBER_RE = re.compile(rf"{_NUMBER}")
@@ -52,6 +65,7 @@ _WITH_UNITS_RE = re.compile(rf"(?:\s*{_NUMBER}\s*{_UNIT})+")
 _PART_RE = re.compile(rf"({_NUMBER})\s*{_UNIT}")
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION_HINT = "expected a duration such as 100ms, 1.5s or a number of milliseconds"
+_NEGATIVE = "duration must be finite and non-negative"
 
 
 def parse_duration(value: object) -> float:
@@ -68,12 +82,14 @@ def parse_duration(value: object) -> float:
     else:
         raise ValueError(f"{_DURATION_HINT}, got {type(value).__name__}")
     if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"duration must be finite and non-negative, got {value!r}")
+        raise ValueError(f"{_NEGATIVE}, got {value!r}")
     return seconds
 
 
 def _parse_duration_text(value: str) -> float:
     text = value.strip()
+    if text.startswith("-") and (_BARE_NUMBER_RE.fullmatch(text[1:]) or _WITH_UNITS_RE.fullmatch(text[1:])):
+        raise ValueError(f"{_NEGATIVE}, got {value!r}")
     if _BARE_NUMBER_RE.fullmatch(text):
         return float(text) / 1000.0
     if not _WITH_UNITS_RE.fullmatch(text):
@@ -88,178 +104,232 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
-def _non_negative(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if value < 0:
-        raise ConfigError(_key(attribute.name), f"must be >= 0, got {value}")
+# --- the lenient converter -------------------------------------------------------------------
+
+#: The structuring target of a duration read as text: a bare number is milliseconds.
+DurationText = NewType("DurationText", float)
+
+_FLOAT_RE = re.compile(rf"[-+]?{_NUMBER}")
 
 
-def _positive(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if value <= 0:
-        raise ConfigError(_key(attribute.name), f"must be > 0, got {value}")
+def _to_bool(value: object, _: object = None) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower() if isinstance(value, (str, int)) else None
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {value!r}")
 
 
-def _one_of(*choices: str) -> Any:
-    def check(instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
-        if value not in choices:
-            raise ConfigError(
-                _key(attribute.name), f"must be one of {', '.join(repr(c) for c in choices)}, got {value!r}"
-            )
-
-    return check
-
-
-def _percent(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
-    if not 0 <= value <= 100:
-        raise ConfigError(_key(attribute.name), f"must be a percentage in 0..100, got {value}")
+def _to_int(value: object, _: object = None) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip(), 10)
+        except ValueError:
+            pass
+    raise ValueError(f"expected an integer, got {value!r}")
 
 
-def _port(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
-    if not 0 <= value <= 65535:
-        raise ConfigError(_key(attribute.name), f"must be in 0..65535, got {value}")
+def _to_float(value: object, _: object = None) -> float:
+    if isinstance(value, str) and _FLOAT_RE.fullmatch(value.strip()):
+        number = float(value.strip())
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    else:
+        number = math.nan
+    if not math.isfinite(number):
+        raise ValueError(f"expected a finite number, got {value!r}")
+    return number
 
 
-def _key(field_name: str) -> str:
-    return field_name.replace("_", "-")
+def _to_str(value: object, _: object = None) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise ValueError(f"expected a string, got {type(value).__name__}")
 
 
-def _names(value: str | Iterable[object]) -> tuple[str, ...]:
+def _to_names(value: object, _: object = None) -> tuple[str, ...]:
+    """Space- or comma-separated text (flags, environment) or a list (YAML, Python)."""
     if isinstance(value, str):
         return tuple(part for part in re.split(r"[\s,]+", value) if part)
-    return tuple(str(v) for v in value)
+    if isinstance(value, (list, tuple)):
+        return tuple(_to_str(item) for item in value)
+    raise ValueError(f"expected a name or a list of names, got {type(value).__name__}")
 
 
-@attrs.frozen(kw_only=True)
+def _is_optional(annotation: Any) -> bool:
+    return get_origin(annotation) in (Union, types.UnionType) and type(None) in get_args(annotation)
+
+
+def _to_optional(value: object, annotation: Any) -> object:
+    """``None`` or an empty string unsets an optional value, as an empty string does in
+    llm-d-inference-sim (``ssl-certfile: ""``)."""
+    if value is None or value == "":
+        return None
+    (inner,) = (arg for arg in get_args(annotation) if arg is not type(None))
+    return converter.structure(value, inner)
+
+
+def _build_converter() -> cattrs.Converter:
+    lenient = cattrs.Converter()
+    lenient.register_structure_hook(bool, _to_bool)
+    lenient.register_structure_hook(int, _to_int)
+    lenient.register_structure_hook(float, _to_float)
+    lenient.register_structure_hook(str, _to_str)
+    lenient.register_structure_hook(DurationText, lambda value, _: parse_duration(value))
+    lenient.register_structure_hook_func(lambda annotation: annotation == tuple[str, ...], _to_names)
+    lenient.register_structure_hook_func(_is_optional, _to_optional)
+    return lenient
+
+
+#: Reads option values from text, YAML and Python; raises ValueError saying what it expected.
+converter = _build_converter()
+
+
+# --- the settings: every field of every group, flat ------------------------------------------
+
+
+@attrs.frozen
+class Setting:
+    """One flat setting of :class:`Config`: a field of one of its option groups."""
+
+    group: str  # the Config attribute that holds the group
+    field: attrs.Attribute[Any]  # the group's field, its type resolved
+
+    @property
+    def annotation(self) -> Any:
+        """The field's type (resolved when :data:`SETTINGS` is built)."""
+        return _type_of(self.field)
+
+    @property
+    def key(self) -> str:
+        """The flag and YAML key (kebab-case)."""
+        return option_key(self.field)
+
+    @property
+    def name(self) -> str:
+        """The keyword of ``Config(...)`` and the ``LLMSIM_`` variable's suffix (snake_case)."""
+        return self.key.replace("-", "_")
+
+    @property
+    def doc(self) -> OptionDoc:
+        return option_doc(self.field)
+
+    @property
+    def default(self) -> Any:
+        return self.field.default
+
+    @property
+    def llmd_key(self) -> str | None:
+        """llm-d-inference-sim's flag and YAML key for this setting, if it has one."""
+        return self.key if self.doc.llmd else None
+
+    def read(self, value: object, *, text: bool) -> object:
+        """``value`` as this setting's type, or ValueError.
+
+        ``text``: read as flags, environment and YAML are (a number is a duration in
+        milliseconds); otherwise a Python value, used as it is unless it is a string.
+        """
+        if value is None and not _is_optional(self.annotation):
+            raise ValueError("a value is required")
+        target = DurationText if self.doc.duration and (text or isinstance(value, str)) else self.annotation
+        return converter.structure(value, target)
+
+
+@attrs.frozen(init=False)
 class Config:
-    """Everything llmsim can be told.  Durations are seconds."""
+    """Everything llmsim can be told, as option groups.  Durations are seconds.
 
-    # --- model and API -------------------------------------------------------------
-    model: str = DEFAULT_MODEL
-    served_model_name: tuple[str, ...] = attrs.field(default=(), converter=_names)
-    max_model_len: int = attrs.field(default=32768, validator=_positive)
-    mode: str = attrs.field(default="random", validator=_one_of("random", "echo"))
-    seed: int | None = None
-    tokenizer: str | None = None
+    Built from flat keyword arguments, each routed to its group::
 
-    # --- engine --------------------------------------------------------------------
-    max_num_seqs: int = attrs.field(default=256, validator=_positive)
-    max_waiting_queue_length: int = attrs.field(default=1000, validator=_non_negative)
-    max_num_batched_tokens: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
+        Config(port=0, time_to_first_token=0.05, served_model_name=("gpt-test",))
 
-    # --- latency model (llm-d-inference-sim flag names) ------------------------------
-    latency_calculator: str = attrs.field(default="", validator=_one_of("", "constant", "per-token"))
-    time_to_first_token: float = attrs.field(default=0.0, validator=_non_negative)
-    time_to_first_token_std_dev: float = attrs.field(default=0.0, validator=_non_negative)
-    inter_token_latency: float = attrs.field(default=0.0, validator=_non_negative)
-    inter_token_latency_std_dev: float = attrs.field(default=0.0, validator=_non_negative)
-    prefill_overhead: float = attrs.field(default=0.0, validator=_non_negative)
-    prefill_time_per_token: float = attrs.field(default=0.0, validator=_non_negative)
-    prefill_time_std_dev: float = attrs.field(default=0.0, validator=_non_negative)
-    kv_cache_transfer_latency: float = attrs.field(default=0.0, validator=_non_negative)
-    kv_cache_transfer_latency_std_dev: float = attrs.field(default=0.0, validator=_non_negative)
-    kv_cache_transfer_time_per_token: float = attrs.field(default=0.0, validator=_non_negative)
-    kv_cache_transfer_time_std_dev: float = attrs.field(default=0.0, validator=_non_negative)
-    time_factor_under_load: float = attrs.field(default=1.0)
+    Strings are read like command-line values (``time_to_first_token="100ms"``); an
+    unknown keyword or a bad value raises :class:`ConfigError` naming the key.
+    """
 
-    # --- tool-call generation (llm-d-inference-sim's knobs; a schema's bounds win) ----
-    min_tool_call_integer_param: int = 0
-    max_tool_call_integer_param: int = 100
-    min_tool_call_number_param: float = 0.0
-    max_tool_call_number_param: float = 100.0
-    min_tool_call_array_param_length: int = attrs.field(default=1, validator=_non_negative)
-    max_tool_call_array_param_length: int = attrs.field(default=5, validator=_non_negative)
-    tool_call_not_required_param_probability: int = attrs.field(default=50, validator=_percent)
-    object_tool_call_not_required_field_probability: int = attrs.field(default=50, validator=_percent)
-    tool_call_extra_call_probability: int = attrs.field(default=45, validator=_percent)
+    model: ModelOptions = attrs.field(factory=ModelOptions, metadata={"title": "model and API"})
+    engine: EngineOptions = attrs.field(factory=EngineOptions, metadata={"title": "engine"})
+    tool_calls: ToolCallOptions = attrs.field(factory=ToolCallOptions, metadata={"title": "tool calls"})
+    latency: LatencyOptions = attrs.field(factory=LatencyOptions, metadata={"title": "latency model"})
+    server: ServerOptions = attrs.field(factory=ServerOptions, metadata={"title": "server"})
 
-    # --- server --------------------------------------------------------------------
-    host: str = "127.0.0.1"
-    port: int = attrs.field(default=8000, validator=_port)
-    server: str = attrs.field(default="native", validator=_one_of("native", "hypercorn"))
-    ssl_certfile: str | None = None
-    ssl_keyfile: str | None = None
-    self_signed_certs: bool = False
-    max_request_body_size_mb: float = attrs.field(default=4.0, validator=_positive)
-    max_concurrent_streams: int = attrs.field(default=1000, validator=_positive)
-    header_read_timeout: float = attrs.field(default=10.0, validator=_positive)
-    keep_alive_timeout: float = attrs.field(default=75.0, validator=_positive)
-    shutdown_grace_period: float = attrs.field(default=5.0, validator=_non_negative)
-    startup_duration: float = attrs.field(default=0.0, validator=_non_negative)
-
-    @time_factor_under_load.validator
-    def _check_load_factor(self, attribute: attrs.Attribute[float], value: float) -> None:
-        if value < 1.0:
-            raise ConfigError("time-factor-under-load", f"must be >= 1.0, got {value}")
-
-    def __attrs_post_init__(self) -> None:
-        for mean_name, sd_name in (
-            ("time_to_first_token", "time_to_first_token_std_dev"),
-            ("inter_token_latency", "inter_token_latency_std_dev"),
-            ("kv_cache_transfer_latency", "kv_cache_transfer_latency_std_dev"),
-        ):
-            mean, sd = getattr(self, mean_name), getattr(self, sd_name)
-            if sd > 0.3 * mean + 1e-12:
-                raise ConfigError(_key(sd_name), f"must be at most 30% of {_key(mean_name)} ({mean}s), got {sd}s")
-        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
-            raise ConfigError("ssl-certfile", "ssl-certfile and ssl-keyfile must be given together")
-        if self.self_signed_certs and self.ssl_certfile is not None:
-            raise ConfigError("self-signed-certs", "cannot be combined with ssl-certfile/ssl-keyfile")
-        for name in self.served_model_name:
-            if not name:
-                raise ConfigError("served-model-name", "names must not be empty")
-        for low, high in (
-            ("min_tool_call_integer_param", "max_tool_call_integer_param"),
-            ("min_tool_call_number_param", "max_tool_call_number_param"),
-            ("min_tool_call_array_param_length", "max_tool_call_array_param_length"),
-        ):
-            if getattr(self, low) > getattr(self, high):
-                raise ConfigError(
-                    _key(low), f"must be <= {_key(high)} ({getattr(self, high)}), got {getattr(self, low)}"
+    def __init__(self, **settings: object) -> None:
+        for key, value in settings.items():
+            if type(value) in _GROUP_TYPES.values():
+                raise TypeError(
+                    f"Config takes flat settings, not the option group {type(value).__name__} ({key}=...); "
+                    "derive a changed copy with config.replace(...) rather than attrs.evolve"
                 )
-        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
-            raise ConfigError(
-                "max-num-batched-tokens",
-                f"({self.max_num_batched_tokens}) must be >= max-num-seqs ({self.max_num_seqs}), as vLLM requires: "
-                "every running sequence needs one token of each step's budget",
-            )
+        values = dict(_read_item(key, value, text=False, origin=None) for key, value in settings.items())
+        self.__attrs_init__(**_groups(values))
 
-    # --- derived -------------------------------------------------------------------
-    @property
-    def model_names(self) -> tuple[str, ...]:
-        """Names a request may use; the first is the one reported in responses."""
-        return self.served_model_name or (self.model,)
+    def settings(self) -> dict[str, object]:
+        """Every setting's value by keyword: ``Config(**config.settings()) == config``."""
+        return {name: getattr(getattr(self, setting.group), setting.field.name) for name, setting in SETTINGS.items()}
 
-    @property
-    def batched_token_budget(self) -> int:
-        """Tokens per engine step: max-num-batched-tokens, or by default
-        max(8192, max-num-seqs) so that decoding never starves prefill."""
-        if self.max_num_batched_tokens is not None:
-            return self.max_num_batched_tokens
-        return max(8192, self.max_num_seqs)
-
-    @property
-    def display_model(self) -> str:
-        return self.model_names[0]
-
-    @property
-    def tls_enabled(self) -> bool:
-        return self.self_signed_certs or self.ssl_certfile is not None
-
-    @property
-    def max_request_body_bytes(self) -> int:
-        return int(self.max_request_body_size_mb * 1024 * 1024)
+    def replace(self, **settings: object) -> Config:
+        """A copy with some settings changed, given as ``Config`` takes them."""
+        return Config(**{**self.settings(), **settings})
 
 
-_FIELDS: dict[str, attrs.Attribute[Any]] = {f.name: f for f in attrs.fields(Config)}
-FIELD_KEYS: tuple[str, ...] = tuple(_key(name) for name in _FIELDS)
-DURATION_FIELDS: frozenset[str] = frozenset(
-    name
-    for name in _FIELDS
-    if name.startswith(("time_to_first", "inter_token", "prefill_", "kv_cache_transfer"))
-    or name in {"header_read_timeout", "keep_alive_timeout", "shutdown_grace_period", "startup_duration"}
-)
+def _type_of(attribute: attrs.Attribute[Any]) -> Any:
+    if attribute.type is None or isinstance(attribute.type, str):
+        raise TypeError(f"{attribute.name} has no resolved type")
+    return attribute.type
 
 
-# --- keys accepted for compatibility and ignored -------------------------------------
+def _settings() -> dict[str, Setting]:
+    found: dict[str, Setting] = {}
+    for group in attrs.fields(attrs.resolve_types(Config)):
+        for field in attrs.fields(attrs.resolve_types(_type_of(group))):
+            setting = Setting(group.name, field)
+            found[setting.name] = setting
+    return found
+
+
+#: Every setting by its ``Config`` keyword, in the order of ``--help``.
+SETTINGS: Mapping[str, Setting] = _settings()
+_GROUP_TYPES: dict[str, type[Any]] = {group.name: _type_of(group) for group in attrs.fields(Config)}
+
+
+def sections() -> Iterator[tuple[str, list[Setting]]]:
+    """The settings by group, with the group's title: the sections of ``--help``."""
+    for group in attrs.fields(Config):
+        yield group.metadata["title"], [setting for setting in SETTINGS.values() if setting.group == group.name]
+
+
+def _read_item(raw_key: object, value: object, *, text: bool, origin: str | None) -> tuple[str, object]:
+    """(setting name, typed value); errors name the key and, if known, where it came from."""
+    name = str(raw_key).replace("-", "_")
+    where = f" (from {origin})" if origin else ""
+    setting = SETTINGS.get(name)
+    if setting is None:
+        raise ConfigError(str(raw_key), f"unknown key{where}")
+    try:
+        return name, setting.read(value, text=text)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(setting.key, f"{exc}{where}") from None
+
+
+def _groups(values: Mapping[str, object]) -> dict[str, Any]:
+    """One group object per Config attribute, from typed values by setting name."""
+    fields: dict[str, dict[str, object]] = {group: {} for group in _GROUP_TYPES}
+    for name, value in values.items():
+        setting = SETTINGS[name]
+        fields[setting.group][setting.field.name] = value
+    return {group: _GROUP_TYPES[group](**given) for group, given in fields.items()}
+
+
+# --- keys accepted for compatibility and ignored ---------------------------------------------
 
 
 @attrs.frozen
@@ -276,6 +346,7 @@ class IgnoredKey:
 
 _NOTHING_TO_SIMULATE = "a vLLM engine setting with nothing to simulate"
 _NOT_SIMULATED_YET = "an llm-d-inference-sim feature llmsim does not simulate yet"
+_RETIRED = "an llm-d-inference-sim setting of earlier releases"
 
 _VLLM_ONLY: dict[str, str] = {
     "tensor-parallel-size": "value",
@@ -295,7 +366,7 @@ _VLLM_ONLY: dict[str, str] = {
     "mm-render-timeout": "value",
 }
 
-_GO_NOT_YET: dict[str, str] = {
+_LLMD_NOT_YET: dict[str, str] = {
     "enable-kvcache": "switch",
     "kv-cache-size": "value",
     "block-size": "value",
@@ -319,15 +390,6 @@ _GO_NOT_YET: dict[str, str] = {
     "enable-request-id-headers": "switch",
     "log-http": "switch",
     "default-embedding-dimensions": "value",
-    "max-tool-call-integer-param": "value",
-    "min-tool-call-integer-param": "value",
-    "max-tool-call-number-param": "value",
-    "min-tool-call-number-param": "value",
-    "max-tool-call-array-param-length": "value",
-    "min-tool-call-array-param-length": "value",
-    "tool-call-not-required-param-probability": "value",
-    "object-tool-call-not-required-field-probability": "value",
-    "tool-call-extra-call-probability": "value",
     "skip-tool-validation": "switch",
     "dataset-path": "value",
     "dataset-url": "value",
@@ -340,134 +402,38 @@ _GO_NOT_YET: dict[str, str] = {
     "time-to-generate-image-std-dev": "value",
 }
 
-# A key that becomes a Config field stops being ignored, with no edit here.
+#: Keys of earlier llm-d-inference-sim releases (v0.3 to v0.8) that it no longer reads.
+_LLMD_RETIRED: dict[str, str] = {
+    "tokenizers-cache-dir": "value",
+    "zmq-max-connect-attempts": "value",
+    "uds-socket-path": "value",
+}
+
 IGNORED_KEYS: Mapping[str, IgnoredKey] = {
     key: IgnoredKey(arity, reason)
-    for table, reason in ((_VLLM_ONLY, _NOTHING_TO_SIMULATE), (_GO_NOT_YET, _NOT_SIMULATED_YET))
+    for table, reason in (
+        (_VLLM_ONLY, _NOTHING_TO_SIMULATE),
+        (_LLMD_NOT_YET, _NOT_SIMULATED_YET),
+        (_LLMD_RETIRED, _RETIRED),
+    )
     for key, arity in table.items()
-    if key not in FIELD_KEYS
 }
 
 
-# --- coercion ----------------------------------------------------------------------------
-
-
-_FLOAT_RE = re.compile(rf"[-+]?{_NUMBER}")
-
-
-def _to_bool(value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower() if isinstance(value, (str, int)) else None
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"expected true or false, got {value!r}")
-
-
-def _to_int(value: object) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
-        try:
-            return int(value.strip(), 10)
-        except ValueError:
-            pass
-    raise ValueError(f"expected an integer, got {value!r}")
-
-
-def _to_float(value: object) -> float:
-    if (isinstance(value, (int, float)) and not isinstance(value, bool)) or (isinstance(value, str) and _FLOAT_RE.fullmatch(value.strip())):
-        number = float(value)
-    else:
-        number = math.nan
-    if not math.isfinite(number):
-        raise ValueError(f"expected a finite number, got {value!r}")
-    return number
-
-
-def _to_str(value: object) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)
-    raise ValueError(f"expected a string, got {type(value).__name__}")
-
-
-def _to_names(value: object) -> tuple[str, ...]:
-    """Space- or comma-separated text (flags, environment) or a list (YAML)."""
-    if isinstance(value, str):
-        return _names(value)
-    if isinstance(value, (list, tuple)):
-        return tuple(_to_str(item) for item in value)
-    raise ValueError(f"expected a name or a list of names, got {type(value).__name__}")
-
-
-_SCALARS: dict[str, Callable[[object], object]] = {
-    "bool": _to_bool,
-    "int": _to_int,
-    "float": _to_float,
-    "str": _to_str,
-}
-
-
-def _coerce(name: str, value: object) -> object:
-    """Turn a YAML/env/flag value into the field's type, or raise ValueError.
-
-    ``None`` or an empty string unsets an optional field, as an empty string does in
-    llm-d-inference-sim (``ssl-certfile: ""``).
-    """
-    field_type = str(_FIELDS[name].type)
-    optional = field_type.endswith(" | None")
-    if optional and (value is None or value == ""):
-        return None
-    if value is None:
-        raise ValueError("a value is required")
-    if name in DURATION_FIELDS:
-        return parse_duration(value)
-    if name == "served_model_name":
-        return _to_names(value)
-    return _SCALARS[field_type.removesuffix(" | None")](value)
-
-
-def _coerce_item(raw_key: object, value: object, origin: str | None) -> tuple[str, object]:
-    """(field name, typed value); errors name the key and, if not a flag, where it came from."""
-    name = str(raw_key).replace("-", "_")
-    where = f" (from {origin})" if origin else ""
-    if name not in _FIELDS:
-        raise ConfigError(str(raw_key), f"unknown key{where}")
-    try:
-        return name, _coerce(name, value)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(_key(name), f"{exc}{where}") from None
-
-
-def _build(fields: Mapping[str, object]) -> Config:
-    try:
-        return Config(**fields)  # type: ignore[arg-type]
-    except ConfigError:
-        raise
-    except (TypeError, ValueError) as exc:
-        raise ConfigError("config", str(exc)) from None
+# --- sources ---------------------------------------------------------------------------------
 
 
 def config_from_mapping(values: Mapping[str, object], *, base: Config | None = None) -> Config:
-    """Build a Config from kebab- or snake-case keys; unknown keys raise ConfigError."""
-    fields: dict[str, object] = attrs.asdict(base, recurse=False) if base is not None else {}
-    fields.update(_coerce_item(key, value, None) for key, value in values.items())
-    return _build(fields)
-
-
-# --- sources -----------------------------------------------------------------------------
+    """Build a Config from YAML-like values under kebab- or snake-case keys, over ``base``."""
+    settings = base.settings() if base is not None else {}
+    settings.update(_read_item(key, value, text=True, origin=None) for key, value in values.items())
+    return Config(**settings)
 
 
 def _environment_items(environ: Mapping[str, str]) -> list[tuple[str, str, str]]:
-    """(field name, value, variable) for every setting in the environment, lowest first."""
+    """(setting name, value, variable) for every setting in the environment, lowest first."""
     items = [("model", environ["SIM_MODEL"], "SIM_MODEL")] if "SIM_MODEL" in environ else []
-    for name in _FIELDS:
+    for name in SETTINGS:
         variable = "LLMSIM_" + name.upper()
         if variable in environ:
             items.append((name, environ[variable], variable))
@@ -481,7 +447,7 @@ def config_from_environment(environ: Mapping[str, str] | None = None) -> dict[st
 
 
 def _unknown_variables(environ: Mapping[str, str]) -> list[str]:
-    known = {"LLMSIM_CONFIG"} | {"LLMSIM_" + name.upper() for name in _FIELDS}
+    known = {"LLMSIM_CONFIG"} | {"LLMSIM_" + name.upper() for name in SETTINGS}
     return sorted(v for v in environ if v.startswith("LLMSIM_") and v not in known)
 
 
@@ -541,14 +507,13 @@ def load_config(
     items += [(key, value, None) for key, value in (flags or {}).items()]
     for variable in _unknown_variables(environ):
         note(f"ignoring unknown environment variable {variable}")
-    config = _build(dict(_coerce_item(key, value, origin) for key, value, origin in items))
-    _check_files(config)
+    config = Config(**dict(_read_item(key, value, text=True, origin=origin) for key, value, origin in items))
+    _check_files(config.server)
     return config
 
 
-def _check_files(config: Config) -> None:
+def _check_files(server: ServerOptions) -> None:
     """Fail at start-up, naming the key, rather than when the first TLS handshake needs them."""
-    for name in ("ssl_certfile", "ssl_keyfile"):
-        path = getattr(config, name)
+    for key, path in (("ssl-certfile", server.ssl_certfile), ("ssl-keyfile", server.ssl_keyfile)):
         if path is not None and not os.path.isfile(path):
-            raise ConfigError(_key(name), f"no such file: {path}")
+            raise ConfigError(key, f"no such file: {path}")

@@ -29,13 +29,13 @@ async def serve(config: Config, *, task_status: trio.TaskStatus[ServerHandle] = 
         return stats.running, stats.waiting
 
     tracker = ConnectionTracker(load=load)
-    if config.server == "hypercorn":
+    if config.server.backend == "hypercorn":
         from llmsim.protocol.asgi.server import serve_hypercorn  # hypercorn loads only when asked for
 
-        await serve_hypercorn(sim, config, tracker, task_status=task_status)
+        await serve_hypercorn(sim, config.server, tracker, task_status=task_status)
     else:
         coalescer = WriteCoalescer()
         engine = partial(sim.run_engine, hold_writes=coalescer.hold, release_writes=coalescer.release)
         await serve_app(
-            sim.app, config, tracker=tracker, background=engine, coalescer=coalescer, task_status=task_status
+            sim.app, config.server, tracker=tracker, background=engine, coalescer=coalescer, task_status=task_status
         )

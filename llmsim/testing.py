@@ -1,34 +1,291 @@
-"""Helpers for test suites that embed a simulator (used by the pytest plugin too)."""
+"""Helpers for test suites that embed a simulator (used by the pytest plugin too), and
+:func:`check_response_stream`, the contract every ``ResponseStream`` backend passes."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, Protocol
 
 import attrs
 import trio
+import trio.testing
 
+from llmsim.api.http import ResponseState, ResponseStateError, ResponseStream
 from llmsim.config import Config
 from llmsim.server import ServerHandle, serve
 
-__all__ = ["open_simulator"]
+__all__ = ["ReceivedResponse", "StreamUnderTest", "check_response_stream", "open_simulator"]
 
 
 @asynccontextmanager
 async def open_simulator(config: Config | None = None, **overrides: Any) -> AsyncIterator[ServerHandle]:
     """Run a simulator on a free port for the duration of the ``async with`` block.
 
-    ``overrides`` are Config fields (``time_to_first_token=0.05``); ``port`` defaults to
-    0 so that tests never fight over a fixed port.
+    ``overrides`` are settings as :class:`~llmsim.config.Config` takes them
+    (``time_to_first_token=0.05``), applied over ``config``; ``port`` defaults to 0 so
+    that tests never fight over a fixed port.
     """
     if config is None:
         config = Config(**{"port": 0, **overrides})
     elif overrides:
-        config = attrs.evolve(config, **overrides)
+        config = config.replace(**overrides)
     async with trio.open_nursery() as nursery:
         handle: ServerHandle = await nursery.start(serve, config)
         try:
             yield handle
         finally:
             nursery.cancel_scope.cancel()
+
+
+# --- the ResponseStream contract --------------------------------------------------------
+
+
+@attrs.frozen
+class ReceivedResponse:
+    """What the client of a :class:`StreamUnderTest` has received so far."""
+
+    status: int | None  # None until the head arrived
+    headers: tuple[tuple[bytes, bytes], ...] = ()  # names lower-case
+    body: bytes = b""
+    complete: bool = False  # the response arrived to its end (not cut by a reset, a close or an error)
+
+
+class StreamUnderTest(Protocol):
+    """One fresh response of the backend under test, with the client end of it.
+
+    The client reads only when told to (:meth:`read`), so that bytes can pile up in the
+    response's buffer; the handler that owns :attr:`response` waits, doing nothing,
+    until the checker has finished with it (or :meth:`fail_handler`).
+    """
+
+    @property
+    def response(self) -> ResponseStream:
+        """The response, not started yet."""
+
+    @property
+    def high_water(self) -> int:
+        """The response's high-water mark (``write`` returns False from here on)."""
+
+    @property
+    def low_water(self) -> int:
+        """The response's low-water mark (``on_drained`` callbacks run below it)."""
+
+    async def read(self) -> None:
+        """The client reads everything the server sends until nothing more moves."""
+
+    async def disconnect(self) -> None:
+        """The client goes away (EOF, RST_STREAM, ``http.disconnect``); returns once the
+        server side has seen it."""
+
+    async def fail_handler(self) -> None:
+        """The handler that owns :attr:`response` raises an exception now; returns once
+        the server has dealt with it.  (Only called with ``handler_failures``.)"""
+
+    def received(self) -> ReceivedResponse:
+        """What the client has read so far."""
+
+
+OpenStream = Callable[[], AbstractAsyncContextManager[StreamUnderTest]]
+_HEAD = ((b"content-type", b"text/plain"), (b"x-contract", b"1"))
+
+
+async def check_response_stream(open_stream: OpenStream, *, handler_failures: bool = True) -> None:
+    """Check a :class:`~llmsim.api.http.ResponseStream` implementation against what
+    :mod:`llmsim.api.http` promises, in the spirit of ``trio.testing.check_one_way_stream``.
+
+    ``open_stream()`` is an async context manager giving a fresh :class:`StreamUnderTest`
+    (each check opens its own).  The checks: the order of ``start``/``write``/``end``
+    and the :class:`~llmsim.api.http.ResponseStateError` out of order; what ``closed``
+    means after the end, after the client went away (before the start, mid-body,
+    after the end) and what the calls do then; backpressure (``write`` returns False
+    at the high-water mark, ``on_drained`` runs once the client read the buffer);
+    and, with ``handler_failures`` (off for a test double that runs no handler), that a
+    handler failing before ``start`` is answered 500 in the error envelope and one
+    failing after it has its response aborted.  Raises AssertionError on the first
+    broken promise.  Needs a running trio loop (it uses
+    ``trio.testing.wait_all_tasks_blocked``).
+    """
+    checks: list[Callable[[StreamUnderTest], Awaitable[None]]] = [
+        _check_call_order,
+        _check_disconnect_before_start,
+        _check_disconnect_mid_body,
+        _check_disconnect_after_end,
+        _check_backpressure,
+    ]
+    if handler_failures:
+        checks += [_check_failure_before_start, _check_failure_after_start]
+    for check in checks:
+        async with open_stream() as peer:
+            await check(peer)
+
+
+def _expect(condition: bool, promise: str) -> None:
+    if not condition:
+        raise AssertionError(f"ResponseStream contract: {promise}")
+
+
+def _expect_refused(call: Callable[[], object], promise: str) -> None:
+    try:
+        call()
+    except ResponseStateError:
+        return
+    raise AssertionError(f"ResponseStream contract: {promise} (no ResponseStateError)")
+
+
+class _Calls:
+    """Counts the calls of a callback."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self) -> None:
+        self.count += 1
+
+
+def _expect_state(response: ResponseStream, state: ResponseState, when: str) -> None:
+    _expect(response.state is state, f"{when}, the state is {state.name}, not {response.state.name}")
+    _expect(response.started == state.started, f"{when}, started is {state.started}")
+    _expect(response.ended == state.ended, f"{when}, ended is {state.ended}")
+    _expect(response.closed == state.closed, f"{when}, closed is {state.closed}")
+
+
+async def _check_call_order(peer: StreamUnderTest) -> None:
+    response = peer.response
+    _expect_state(response, ResponseState.IDLE, "before start()")
+    never = _Calls()
+    response.on_close(never)
+    _expect_refused(lambda: response.write(b"x"), "write() before start() is refused")
+    _expect_refused(lambda: response.end(b"x"), "end() before start() is refused")
+    response.start(200, _HEAD)
+    _expect_state(response, ResponseState.STREAMING, "after start()")
+    _expect_refused(lambda: response.start(200, _HEAD), "a second start() is refused")
+    _expect(response.write(b"ab") is True, "a small write() below the high-water mark returns True")
+    await peer.read()
+    _expect(not response.closed, "closed stays False while the body is open, whatever the client read")
+    response.end(b"c")
+    _expect(response.ended and response.started, "after end(), started and ended are True")
+    _expect_refused(lambda: response.write(b"x"), "write() after end() is refused")
+    _expect_refused(lambda: response.end(), "a second end() is refused")
+    _expect_refused(lambda: response.start(200, _HEAD), "start() after end() is refused")
+    await peer.read()
+    _expect_state(response, ResponseState.DONE, "once the client read the whole response")
+    received = peer.received()
+    _expect(received.status == 200, f"the client got the status (got {received.status})")
+    _expect((b"x-contract", b"1") in received.headers, "the client got the headers")
+    _expect(received.body == b"abc", f"the client got every byte written, in order (got {received.body[:40]!r})")
+    _expect(received.complete, "the client saw the response complete")
+    late = _Calls()
+    response.on_close(late)
+    drained = _Calls()
+    response.on_drained(drained)
+    _expect(never.count == late.count == 0, "on_close callbacks never run for a response that ended")
+    _expect(drained.count == 1, "on_drained runs at once on a closed response")
+
+
+async def _check_disconnect_before_start(peer: StreamUnderTest) -> None:
+    response = peer.response
+    early = _Calls()
+    response.on_close(early)
+    await peer.disconnect()
+    _expect_state(response, ResponseState.CLOSED_IDLE, "after the client left before start()")
+    _expect(early.count == 1, f"on_close callbacks run once when the client leaves (ran {early.count} times)")
+    late = _Calls()
+    response.on_close(late)
+    _expect(late.count == 1, "on_close runs at once once the client has left before the end")
+    response.start(200, _HEAD)
+    _expect_state(response, ResponseState.CLOSED_STREAMING, "after start() on a closed response")
+    _expect(response.write(b"dropped") is True, "write() after the client left returns True")
+    _expect_refused(lambda: response.start(200, _HEAD), "a second start() is refused, the client gone or not")
+    response.end(b"dropped")
+    _expect_state(response, ResponseState.CLOSED_ENDED, "after end() on a closed response")
+    _expect(early.count == 1, "on_close callbacks run only once")
+
+
+async def _check_disconnect_mid_body(peer: StreamUnderTest) -> None:
+    response = peer.response
+    response.start(200, _HEAD)
+    response.write(b"first")
+    await peer.read()
+    early = _Calls()
+    response.on_close(early)
+    await peer.disconnect()
+    _expect_state(response, ResponseState.CLOSED_STREAMING, "after the client left mid-body")
+    _expect(early.count == 1, f"on_close callbacks run once when the client leaves (ran {early.count} times)")
+    late = _Calls()
+    response.on_close(late)
+    _expect(late.count == 1, "on_close runs at once once the client has left before the end")
+    _expect(response.write(b"x" * peer.high_water) is True, "write() after the client left returns True")
+    drained = _Calls()
+    response.on_drained(drained)
+    _expect(drained.count == 1, "on_drained runs at once once the client has left")
+    response.end(b"last")
+    _expect_state(response, ResponseState.CLOSED_ENDED, "after end() on a closed response")
+    _expect(early.count == 1, "on_close callbacks run only once")
+    _expect(not peer.received().complete, "a response cut by the client is not complete")
+
+
+async def _check_disconnect_after_end(peer: StreamUnderTest) -> None:
+    response = peer.response
+    never = _Calls()
+    response.on_close(never)
+    response.start(200, _HEAD)
+    response.end(b"done")
+    await peer.read()
+    await peer.disconnect()
+    _expect_state(response, ResponseState.DONE, "after the client left a complete response")
+    _expect(never.count == 0, "on_close callbacks never run for a response that ended")
+    _expect(peer.received().complete, "the client saw the response complete")
+
+
+async def _check_backpressure(peer: StreamUnderTest) -> None:
+    response = peer.response
+    response.start(200, _HEAD)
+    await peer.read()
+    at_once = _Calls()
+    response.on_drained(at_once)
+    _expect(at_once.count == 1, "on_drained runs at once when the buffer is below its low-water mark")
+    _expect(response.write(b"x" * peer.high_water) is False, "write() returns False at the high-water mark")
+    drained = _Calls()
+    response.on_drained(drained)
+    await trio.testing.wait_all_tasks_blocked()
+    _expect(drained.count == 0, "on_drained waits while the client reads nothing")
+    await peer.read()
+    _expect(drained.count == 1, f"on_drained runs once after the client read the buffer (ran {drained.count} times)")
+    _expect(response.write(b"y") is True, "write() returns True again once the buffer drained")
+    response.end(b"z")
+    await peer.read()
+    received = peer.received()
+    _expect(received.body == b"x" * peer.high_water + b"yz", "every byte written arrives, in order")
+    _expect(received.complete and response.state is ResponseState.DONE, "the response completes")
+    _expect(drained.count == 1, "on_drained callbacks run only once")
+
+
+async def _check_failure_before_start(peer: StreamUnderTest) -> None:
+    response = peer.response
+    await peer.fail_handler()
+    await peer.read()
+    received = peer.received()
+    _expect(received.status == 500, f"a handler failing before start() is answered 500 (got {received.status})")
+    try:
+        error = json.loads(received.body)["error"]
+    except (ValueError, KeyError, TypeError):
+        raise AssertionError(
+            f"ResponseStream contract: the 500 is the error envelope (got {received.body[:80]!r})"
+        ) from None
+    _expect(error.get("code") == 500 and error.get("type") == "InternalServerError", "the 500 envelope names it")
+    _expect(received.complete, "the 500 is a complete response")
+    _expect_state(response, ResponseState.DONE, "once the 500 was read")
+
+
+async def _check_failure_after_start(peer: StreamUnderTest) -> None:
+    response = peer.response
+    response.start(200, _HEAD)
+    response.write(b"partial")
+    await peer.read()
+    await peer.fail_handler()
+    await peer.read()
+    _expect(response.closed and not response.ended, "a handler failing after start() has its response closed")
+    received = peer.received()
+    _expect(received.status == 200 and not received.complete, "the client never sees that response complete")

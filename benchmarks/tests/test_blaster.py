@@ -27,7 +27,6 @@ from benchmarks.loadgen.blaster import Responses, render_events, serve_connectio
 from benchmarks.loadgen.pacer import GRID, Output, Pace, Pacer, grid_interval
 from benchmarks.loadgen.records import chat_body
 from llmsim.app import STEP_QUANTUM
-from llmsim.config import Config
 from llmsim.engine.scheduler import step_grid
 
 TTFT, ITL = 0.1, 0.02
@@ -158,7 +157,7 @@ def test_grid_is_llmsims() -> None:
     """Same target and same interval as llmsim's engine, so both round tokens alike."""
     assert GRID == STEP_QUANTUM
     for itl in (0.0, 0.001, 0.003, 0.007, 0.02, 0.05):
-        expected = step_grid(Config(inter_token_latency=itl), STEP_QUANTUM)
+        expected = step_grid(itl, STEP_QUANTUM)
         assert grid_interval(itl) == pytest.approx(expected)
 
 

@@ -1,16 +1,15 @@
 """The load generator's parsers: the measuring instrument must count exactly.
 
-Run with ``python -m pytest benchmarks/tests`` (not part of ``make test``: benchmarks/
-is outside the product's test paths).
+Part of ``make test`` (``testpaths`` in pyproject.toml); on its own:
+``python -m pytest benchmarks/tests``.
 """
 
 from __future__ import annotations
 
 import random
 import sys
-import tempfile
 import time
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 import trio
@@ -21,7 +20,7 @@ from benchmarks.loadgen.plan import Plan
 from benchmarks.loadgen.records import StreamRecord, chat_body
 from benchmarks.loadgen.runner import LoadSpec, _drive
 from benchmarks.loadgen.sse import SseReader
-from benchmarks.servers import ServerSpec, running
+from benchmarks.servers import RunningServer, ServerSpec, running
 
 
 def _pieces(data: bytes, rng: random.Random) -> list[bytes]:
@@ -88,25 +87,32 @@ def test_http1_parser_error_status_keeps_the_body() -> None:
     assert parser.record.status == 404 and "does not exist" in (parser.record.error or "")
 
 
-@pytest.mark.parametrize("http2", [False, True])
-def test_closed_loop_against_the_blaster(http2: bool) -> None:
-    """End to end over loopback (paced blaster): every finished stream is complete and clean."""
-    spec_server = ServerSpec(
+@pytest.fixture(scope="module")
+def paced_blaster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """One paced blaster process (1 ms ITL) for both closed-loop tests."""
+    spec = ServerSpec(
         "blaster", (sys.executable, "-m", "benchmarks.loadgen.blaster", "--port", "{port}", "--itl", "0.001")
     )
-    with tempfile.TemporaryDirectory() as tmp, running(spec_server, Path(tmp)) as server:
-        spec = LoadSpec(
-            port=server.port,
-            http2=http2,
-            connections=2,
-            streams=3 if http2 else 1,
-            duration=1.0,
-            warmup=0.0,
-            max_tokens=20,
-        )
-        start = time.perf_counter()
-        plan = Plan(spec.host, spec.port, spec.path, chat_body(spec.model, spec.max_tokens), start + spec.duration)
-        trio.run(_drive, spec, 0, plan, start)
+    with running(spec, tmp_path_factory.mktemp("blaster")) as server:
+        yield server
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("http2", [False, True])
+def test_closed_loop_against_the_blaster(paced_blaster: RunningServer, http2: bool) -> None:
+    """End to end over loopback (paced blaster): every finished stream is complete and clean."""
+    spec = LoadSpec(
+        port=paced_blaster.port,
+        http2=http2,
+        connections=2,
+        streams=3 if http2 else 1,
+        duration=0.3,  # a stream takes ~25 ms: a dozen per connection and more
+        warmup=0.0,
+        max_tokens=20,
+    )
+    start = time.perf_counter()
+    plan = Plan(spec.host, spec.port, spec.path, chat_body(spec.model, spec.max_tokens), start + spec.duration)
+    trio.run(_drive, spec, 0, plan, start)
     finished = [r for r in plan.records if r.done]
     assert finished and all(r.error is None and r.events == 22 and r.tokens == 20 for r in finished)
     assert min(r.ttft for r in finished) > 0

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import orjson
 
 from llmsim.api.errors import JSON_HEADERS, ApiError
 from llmsim.api.http import HttpRequest, ResponseStream
-from llmsim.config import Config
 from llmsim.engine.scheduler import Engine
 from llmsim.model.text import TextGenerator
 from llmsim.model.tokenizer import Tokenizer
+from llmsim.options import ModelOptions, ToolCallOptions
+
+if TYPE_CHECKING:  # a family's state, reached through the context; the family imports this module
+    from llmsim.api.responses.store import ResponseStore
 
 __all__ = ["ApiContext", "Call"]
 
@@ -23,17 +26,20 @@ __all__ = ["ApiContext", "Call"]
 class ApiContext:
     """Shared by all handlers; built once per server by :class:`llmsim.app.Simulator`."""
 
-    config: Config
+    model: ModelOptions
+    tool_calls: ToolCallOptions
+    startup_duration: float  # seconds during which /health/ready answers 503
     engine: Engine
     tokenizer: Tokenizer
     text: TextGenerator
     clock: Callable[[], float]  # the engine's clock (trio.current_time in the server)
     wall_clock: Callable[[], float]  # unix seconds, for "created" fields
     started_at: float  # engine clock at start-up (for /health/ready)
+    response_store: ResponseStore  # stored /v1/responses responses (``store``, ``previous_response_id``)
     _id_rng: random.Random = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        self._id_rng = random.Random(self.config.seed)
+        self._id_rng = random.Random(self.model.seed)
 
     def new_request_id(self) -> str:
         """16 hex characters, like vLLM's random_uuid(); reproducible under --seed."""
@@ -41,16 +47,16 @@ class ApiContext:
 
     def rng_for(self, request_id: str, index: int = 0) -> random.Random:
         """The text RNG of one choice: reproducible for the same seed and request id."""
-        return random.Random(f"{self.config.seed}:{request_id}:{index}")
+        return random.Random(f"{self.model.seed}:{request_id}:{index}")
 
     def resolve_model(self, name: object) -> str:
         """The reported model name for a request's ``model`` field (None: the default)."""
         if name is None:
-            return self.config.display_model
+            return self.model.display_model
         if not isinstance(name, str):
             raise ApiError(400, "model must be a string", param="model")
-        if name in self.config.model_names:
-            return self.config.display_model
+        if name in self.model.model_names:
+            return self.model.display_model
         raise ApiError(404, f"The model `{name}` does not exist.", param="model")
 
 

@@ -4,11 +4,15 @@ OpenAI/vLLM: ``{"error": {"message", "type", "param", "code"}}`` with ``code`` t
 integer HTTP status (vLLM >= 0.10.1).  Anthropic: ``{"type": "error", "error":
 {"type", "message"}}``.  Every client-caused failure is an :class:`ApiError`; the
 router turns it into one of these bodies, so nothing a client sends becomes a 500.
+The OpenAI body (:func:`error_body`) is defined in the seam, :mod:`llmsim.api.http`,
+because the protocol layer answers its own errors in it too.
 """
 
 from __future__ import annotations
 
 import orjson
+
+from llmsim.api.http import JSON_HEADERS, error_body, openai_error_type
 
 __all__ = [
     "JSON_HEADERS",
@@ -18,23 +22,6 @@ __all__ = [
     "error_body",
     "openai_error_type",
 ]
-
-JSON_HEADERS: tuple[tuple[bytes, bytes], ...] = ((b"content-type", b"application/json"),)
-
-_OPENAI_TYPES = {
-    400: "BadRequestError",
-    401: "AuthenticationError",
-    403: "PermissionDeniedError",
-    404: "NotFoundError",
-    405: "MethodNotAllowed",
-    408: "RequestTimeout",
-    409: "ConflictError",
-    413: "RequestEntityTooLarge",
-    415: "UnsupportedMediaType",
-    422: "UnprocessableEntityError",
-    429: "RateLimitError",
-    431: "RequestHeaderFieldsTooLarge",
-}
 
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error",
@@ -48,12 +35,6 @@ _ANTHROPIC_TYPES = {
     429: "rate_limit_error",
     529: "overloaded_error",
 }
-
-
-def openai_error_type(status: int) -> str:
-    if status >= 500:
-        return "InternalServerError"
-    return _OPENAI_TYPES.get(status, "APIError")
 
 
 def anthropic_error_type(status: int) -> str:
@@ -92,20 +73,6 @@ class ApiError(Exception):
 
     def as_dict(self) -> dict[str, object]:
         return {"message": self.message, "type": self.error_type, "param": self.param, "code": self.status}
-
-
-def error_body(status: int, message: str, *, param: str | None = None, error_type: str | None = None) -> bytes:
-    """``{"error": {...}}`` bytes for ``status``."""
-    return orjson.dumps(
-        {
-            "error": {
-                "message": message,
-                "type": error_type or openai_error_type(status),
-                "param": param,
-                "code": status,
-            }
-        }
-    )
 
 
 def anthropic_error_body(status: int, message: str) -> bytes:

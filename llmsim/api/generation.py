@@ -1,14 +1,23 @@
-"""The flow every generating endpoint shares: plan jobs, submit them, deliver their
-output through a sink, and cancel whatever is unfinished when the handler ends.
+"""The flow every generating endpoint shares: plan -> submit -> sink.
 
-A request becomes one :class:`~llmsim.engine.job.Job` per choice (``n`` per prompt),
-each with its whole output planned up front: by the text generator, or by the endpoint
-itself when it plans more than text (chat's tool calls).  All jobs are
-submitted before the response starts, so a full waiting queue is a real 429.  Then the
-handler waits; the engine task drives the jobs and calls the sink, which (streaming)
-renders and writes each step's tokens at once, or (non-streaming) only counts.  When
-the client goes away the protocol cancels the handler, and its ``finally`` cancels
-every unfinished job in the engine at once, freeing their slots.
+A request becomes a :class:`~llmsim.api.plan.GenerationPlan` (each choice's output
+planned up front) and then one :class:`~llmsim.engine.job.Job` per choice
+(:func:`build_jobs`).  All jobs are submitted before the response starts
+(:class:`SubmittedJobs`), so a full waiting queue is a real 429 and nothing is left
+behind.  Then the handler waits on one event; the engine task drives the jobs and
+calls their sink:
+
+* :func:`stream` — a :class:`StreamingSink` renders each step's tokens with the
+  endpoint's :class:`StreamRenderer` and writes them at once.  The renderer decides
+  the framing: ``data:`` lines and ``[DONE]`` (chat, completions) or ``event:`` +
+  ``data:`` (responses, messages), its opening events, its closing ones and its in-band
+  error event.
+* :func:`collect` — a :class:`CollectingSink` only notices when the last job finished;
+  the handler renders the complete body from the finished jobs.
+
+When the client goes away the protocol cancels the handler, and leaving
+``SubmittedJobs`` cancels every unfinished job in the engine at once, freeing their
+slots.
 """
 
 from __future__ import annotations
@@ -23,24 +32,22 @@ import trio
 from llmsim.api.context import ApiContext, Call
 from llmsim.api.errors import ApiError
 from llmsim.api.http import Headers, ResponseStream
-from llmsim.api.sse import SSE_HEADERS, error_events
+from llmsim.api.plan import GenerationPlan
+from llmsim.api.sse import SSE_HEADERS
 from llmsim.engine.errors import QUEUE_FULL_MESSAGE, QueueFullError
 from llmsim.engine.job import Job, JobSink, JobState
 from llmsim.engine.scheduler import Engine
 
 __all__ = [
     "CollectingSink",
-    "GenerationPlan",
-    "PlannedOutput",
-    "PromptPlan",
     "RequestIdentity",
     "StreamRenderer",
     "StreamingSink",
     "SubmittedJobs",
     "build_jobs",
     "check_job_count",
-    "generate_all",
-    "generate_stream",
+    "collect",
+    "stream",
 ]
 
 log = logging.getLogger("llmsim.api")
@@ -54,7 +61,7 @@ class RequestIdentity:
     back as a header), otherwise a fresh id."""
 
     request_id: str  # seeds the text RNG of every choice
-    response_id: str  # "chatcmpl-<id>" / "cmpl-<id>"
+    response_id: str  # the prefixed id the body reports: "chatcmpl-<id>", "resp_<id>"...
     headers: tuple[tuple[bytes, bytes], ...]
 
     @classmethod
@@ -66,93 +73,51 @@ class RequestIdentity:
         return cls(request_id, prefix + request_id, ())
 
 
-@attrs.frozen
-class PromptPlan:
-    token_ids: Sequence[int]
-    echo_text: str  # what --mode echo replays for this prompt
-
-
-class PlannedOutput(Protocol):
-    """What one choice says, planned before its job is built (one piece and id per token)."""
-
-    @property
-    def pieces(self) -> Sequence[str]: ...
-
-    @property
-    def token_ids(self) -> Sequence[int]: ...
-
-    @property
-    def finish_reason(self) -> str: ...
-
-
-@attrs.frozen
-class GenerationPlan:
-    """Everything needed to build the jobs of one request."""
-
-    request_id: str
-    prompts: Sequence[PromptPlan]
-    choices_per_prompt: int
-    max_tokens: int | None  # None: as many as the context leaves (the generator decides)
-    ignore_eos: bool
-    outputs: Sequence[PlannedOutput] | None = None  # one per choice; None: the text generator plans
-
-    @property
-    def job_count(self) -> int:
-        return len(self.prompts) * self.choices_per_prompt
-
-
 def check_job_count(ctx: ApiContext, job_count: int) -> None:
     """429 at once for a request with more choices than the engine could ever hold
     (running slots plus waiting queue), before any of them is planned: a huge ``n``
     must not cost the server minutes of planning only to be refused."""
-    config = ctx.config
-    if job_count > config.max_num_seqs + config.max_waiting_queue_length:
+    limits = ctx.engine.options
+    if job_count > limits.max_num_seqs + limits.max_waiting_queue_length:
         raise ApiError(429, QUEUE_FULL_MESSAGE)
 
 
-def build_jobs(ctx: ApiContext, plan: GenerationPlan, sink: JobSink) -> list[Job]:
-    """One job per choice, in choice-index order; choice ``i`` answers prompt ``i // n``.
-    Each choice's text comes from its own RNG, so it is reproducible under ``--seed``."""
+def build_jobs(plan: GenerationPlan, sink: JobSink) -> list[Job]:
+    """One job per choice, in choice-index order; choice ``i`` answers prompt
+    ``i // plan.choices_per_prompt``."""
     jobs = []
-    for prompt_index, prompt in enumerate(plan.prompts):
-        prompt_tokens = len(prompt.token_ids)
-        cap = plan.max_tokens if plan.max_tokens is not None else ctx.config.max_model_len - prompt_tokens
-        for choice in range(plan.choices_per_prompt):
-            index = prompt_index * plan.choices_per_prompt + choice
-            text = plan.outputs[index] if plan.outputs is not None else _generate_text(ctx, plan, prompt, index)
-            jobs.append(
-                Job(
-                    prompt_token_ids=prompt.token_ids,
-                    output=text.pieces,
-                    finish_reason=text.finish_reason,
-                    sink=sink,
-                    output_token_ids=text.token_ids,
-                    index=index,
-                    request_id=plan.request_id,
-                    max_tokens=cap,
-                )
+    prompts, per_prompt = plan.prompts, plan.choices_per_prompt
+    for index, turn in enumerate(plan.choices):
+        prompt = prompts[index // per_prompt]
+        jobs.append(
+            Job(
+                prompt_token_ids=prompt.token_ids,
+                output=turn.pieces,
+                finish_reason=turn.finish_reason,
+                sink=sink,
+                output_token_ids=turn.token_ids,
+                index=index,
+                request_id=plan.request_id,
+                max_tokens=prompt.output_cap,
             )
+        )
     return jobs
 
 
-def _generate_text(ctx: ApiContext, plan: GenerationPlan, prompt: PromptPlan, index: int) -> PlannedOutput:
-    return ctx.text.generate(
-        ctx.rng_for(plan.request_id, index),
-        max_tokens=plan.max_tokens,
-        ignore_eos=plan.ignore_eos,
-        prompt_tokens=len(prompt.token_ids),
-        echo_text=prompt.echo_text,
-    )
-
-
 class StreamRenderer(Protocol):
-    """An endpoint's stream format (see chat_format / completions_format)."""
+    """An endpoint's event stream: the exact bytes, and the framing they come in."""
+
+    def head(self) -> bytes:
+        """The events sent as soon as the 200 is decided, before any token (may be empty)."""
 
     def render(self, job: Job, start: int, stop: int) -> bytes:
         """The events for one ``on_output`` call of ``job``."""
 
     def tail(self, jobs: Sequence[Job]) -> bytes:
-        """The events after the last job finished (usage, ``[DONE]``)."""
+        """The events after the last job finished (usage, ``[DONE]``...)."""
+
+    def error(self, error: ApiError) -> bytes:
+        """The in-band error event(s) that end a stream which failed after it began."""
 
 
 class CollectingSink:
@@ -214,14 +179,10 @@ class StreamingSink:
             return True
 
     def fail(self, error: ApiError) -> None:
-        """End the stream with vLLM's in-band error event (its 200 is long sent)."""
+        """End the stream with the renderer's in-band error event (its 200 is long sent)."""
         if not self._response.closed:
-            self._response.end(self._error_bytes(error))
+            self._response.end(self._renderer.error(error))
         self._end()
-
-    def _error_bytes(self, error: ApiError) -> bytes:
-        """The in-band error event of this endpoint's stream format."""
-        return error_events(error)
 
     def _end(self) -> None:
         self._ended = True
@@ -293,25 +254,28 @@ class SubmittedJobs:
                 self._engine.cancel(job, now)
 
 
-async def generate_stream(call: Call, plan: GenerationPlan, renderer: StreamRenderer, headers: Headers = ()) -> None:
+async def stream(call: Call, plan: GenerationPlan, renderer: StreamRenderer, headers: Headers = ()) -> None:
     """Run ``plan`` as a 200 event stream rendered by ``renderer``; return when it ended."""
     ctx = call.ctx
+    response = call.response
 
     def resume(job: Job) -> None:
         ctx.engine.resume(job, ctx.clock())
 
-    sink = StreamingSink(call.response, renderer, plan.job_count, resume)
-    jobs = build_jobs(ctx, plan, sink)
-    with SubmittedJobs(ctx.engine, jobs, ctx.clock):
-        call.response.start(200, (*SSE_HEADERS, *headers))
+    sink = StreamingSink(response, renderer, len(plan.choices), resume)
+    with SubmittedJobs(ctx.engine, build_jobs(plan, sink), ctx.clock):
+        response.start(200, (*SSE_HEADERS, *headers))
+        head = renderer.head()
+        if head:
+            response.write(head)
         await sink.done.wait()
 
 
-async def generate_all(call: Call, plan: GenerationPlan) -> list[Job]:
+async def collect(call: Call, plan: GenerationPlan) -> list[Job]:
     """Run ``plan`` to the end and return its finished jobs, in choice-index order."""
     ctx = call.ctx
-    sink = CollectingSink(plan.job_count)
-    jobs = build_jobs(ctx, plan, sink)
+    sink = CollectingSink(len(plan.choices))
+    jobs = build_jobs(plan, sink)
     with SubmittedJobs(ctx.engine, jobs, ctx.clock):
         await sink.done.wait()
     return jobs

@@ -8,8 +8,18 @@ and :meth:`~ResponseStream.end`, all synchronous and non-blocking.  Bytes writte
 buffered on the stream and flushed by the connection's single writer task, so every
 write made during one engine step leaves in one socket write per connection.
 
-When the client goes away (EOF, RST_STREAM, connection loss) the protocol layer sets
-``response.closed``, runs the close callbacks and cancels the handler task.
+A response moves through the states of :mod:`llmsim.api.response_state` (re-exported
+here); every implementation moves through the same table.  When the client goes away
+(EOF, RST_STREAM, connection loss) the protocol layer closes the response, runs its
+close callbacks and cancels the handler task.
+
+Both sides also answer errors in one envelope: the protocol layer's own (400, 408,
+413, 431, a failed handler's 500) in the same ``{"error": {...}}`` body as the API's,
+made by :func:`error_body` with :data:`JSON_HEADERS`.  ``protocol/`` imports nothing
+else from ``api/``.
+
+``llmsim.testing.check_response_stream`` checks an implementation against the
+promises written here.
 """
 
 from __future__ import annotations
@@ -18,8 +28,25 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import attrs
+import orjson
 
-__all__ = ["REASON_PHRASES", "Application", "Headers", "HttpRequest", "ResponseStream"]
+from llmsim.api.response_state import ResponseEvent, ResponseState, ResponseStateError, next_state
+
+__all__ = [
+    "JSON_HEADERS",
+    "REASON_PHRASES",
+    "Application",
+    "Headers",
+    "HttpRequest",
+    "ResponseEvent",
+    "ResponseState",
+    "ResponseStateError",
+    "ResponseStream",
+    "error_body",
+    "next_state",
+    "openai_error_type",
+    "reason_phrase",
+]
 
 Headers = Sequence[tuple[bytes, bytes]]
 
@@ -57,6 +84,46 @@ def reason_phrase(status: int) -> bytes:
     return REASON_PHRASES.get(status, b"Unknown")
 
 
+JSON_HEADERS: tuple[tuple[bytes, bytes], ...] = ((b"content-type", b"application/json"),)
+
+_OPENAI_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    403: "PermissionDeniedError",
+    404: "NotFoundError",
+    405: "MethodNotAllowed",
+    408: "RequestTimeout",
+    409: "ConflictError",
+    413: "RequestEntityTooLarge",
+    415: "UnsupportedMediaType",
+    422: "UnprocessableEntityError",
+    429: "RateLimitError",
+    431: "RequestHeaderFieldsTooLarge",
+}
+
+
+def openai_error_type(status: int) -> str:
+    """The ``type`` of vLLM's (OpenAI's) error envelope for ``status``."""
+    if status >= 500:
+        return "InternalServerError"
+    return _OPENAI_TYPES.get(status, "APIError")
+
+
+def error_body(status: int, message: str, *, param: str | None = None, error_type: str | None = None) -> bytes:
+    """``{"error": {"message", "type", "param", "code"}}`` bytes for ``status``: vLLM's
+    (OpenAI's) envelope, ``code`` the integer status (vLLM >= 0.10.1)."""
+    return orjson.dumps(
+        {
+            "error": {
+                "message": message,
+                "type": error_type or openai_error_type(status),
+                "param": param,
+                "code": status,
+            }
+        }
+    )
+
+
 @attrs.frozen
 class HttpRequest:
     """A complete request: head and body.  Header names are lower-case bytes."""
@@ -79,11 +146,25 @@ class HttpRequest:
 
 
 class ResponseStream(Protocol):
-    """One response, owned by the connection handler.  Every method is non-blocking."""
+    """One response, owned by the connection handler.  Every method is non-blocking.
+
+    The methods move the response through :class:`ResponseState` (``start``:
+    IDLE -> STREAMING, ``end``: STREAMING -> ENDED; the backend then completes it,
+    ENDED -> DONE, or closes it early when the client goes away).  Calls out of order
+    raise :class:`ResponseStateError`, a ``RuntimeError``.  Once the client is gone,
+    the calls are still accepted in order and what they write is dropped.
+    """
+
+    @property
+    def state(self) -> ResponseState:
+        """Where the response is (see :mod:`llmsim.api.response_state`)."""
 
     @property
     def closed(self) -> bool:
-        """True once the client is gone (EOF, reset, connection loss): nothing more is sent."""
+        """True once nothing more will be sent: the response went out in full (DONE), or
+        the client went away (EOF, reset, connection loss) or the response was aborted
+        before that.  Right after :meth:`end` it may still be False while the last bytes
+        wait for the transport; it is True once the client has read them."""
 
     @property
     def ended(self) -> bool:
@@ -95,25 +176,41 @@ class ResponseStream(Protocol):
 
     def start(self, status: int, headers: Headers) -> None:
         """Decide status and headers.  Content-Length in ``headers`` means a fixed body;
-        without it the body is streamed (chunked on HTTP/1.1)."""
+        without it the body is streamed (chunked on HTTP/1.1).  Called once; a second
+        call raises :class:`ResponseStateError`."""
 
     def write(self, data: bytes) -> bool:
-        """Append body bytes to the outbound buffer.  Returns False when the buffer is
-        above its high-water mark: the producer should pause until ``on_drained``."""
+        """Append body bytes to the outbound buffer.  Returns False when the bytes the
+        transport has not taken yet reach the high-water mark: the producer should
+        pause until ``on_drained``.  Raises :class:`ResponseStateError` before
+        :meth:`start` or after :meth:`end`.  Once the client is gone the bytes are
+        dropped and True is returned (``on_close`` tells the producer)."""
 
     def end(self, data: bytes = b"") -> None:
-        """Append the last body bytes and finish the response."""
+        """Append the last body bytes and finish the response.  Raises
+        :class:`ResponseStateError` before :meth:`start` or when called twice."""
 
     def on_drained(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once (from the writer) when the buffer falls below its
-        low-water mark.  Called at once if it already is."""
+        """Call ``callback`` once (from the transport's side) when the buffer falls below
+        its low-water mark.  Called at once if it already is, or if the response is
+        closed; a callback still waiting when the client goes away is dropped (the
+        close callbacks and the handler's cancellation tell the producer)."""
 
     def on_close(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once when the client goes away before :meth:`end`."""
+        """Call ``callback`` once when the client goes away (or the response is
+        aborted) before :meth:`end`; at once if that already happened.  Never called
+        for a response that ended, whatever becomes of its last bytes."""
 
 
 class Application(Protocol):
     """What both the native handlers and the ASGI adapter serve."""
 
     async def handle(self, request: HttpRequest, response: ResponseStream) -> None:
-        """Answer ``request`` on ``response``.  Must call ``response.end`` unless cancelled."""
+        """Answer ``request`` on ``response``.  Must call ``response.end`` unless cancelled.
+
+        The backend runs this in a task it cancels when the client goes away.  If it
+        raises before :meth:`ResponseStream.start`, the client gets a 500 in the
+        :func:`error_body` envelope; if it raises after, the response is aborted and
+        closed: the client never sees it complete (HTTP/2: RST_STREAM; HTTP/1.1: the
+        connection closes mid-body).
+        """

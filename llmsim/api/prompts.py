@@ -1,119 +1,54 @@
-"""What a request asks the model to read, as token ids, and what echo replays.
+"""What a request asks the model to read, as token ids: the pieces every family shares.
 
-Chat messages become :class:`~llmsim.model.tokenizer.ChatTurn` s for the chat
-template: text blocks are joined with newlines (as vLLM does for string content
-formats) and every image, audio or video block stands in as a short placeholder, so it
-costs a few prompt tokens.  Tool definitions and earlier tool calls are written into
-the prompt as a Hermes-style template does, so they cost tokens too.  Completion
-prompts come in four forms, one prompt per element of an array; token-id prompts are
-used as they are.
+A conversation is a list of :class:`~llmsim.model.tokenizer.ChatTurn` s for the chat
+template (each family builds its own from its request: ``chat/request.py``,
+``responses/request.py``, ``messages/request.py``).  Non-text input stands in as a
+short placeholder (:data:`MEDIA`), so it costs a few prompt tokens; tool definitions
+and earlier tool calls are written into the prompt as a Hermes-style template does, so
+they cost tokens too.  Completion prompts come in four forms, one prompt per element
+of an array; token-id prompts are used as they are.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 import attrs
 
 from llmsim.api.errors import ApiError
-from llmsim.api.requests import ChatMessage, ChatTool, ContentPart, Prompt
-from llmsim.api.turns import tool_call_text, tools_turn
+from llmsim.api.request_fields import Prompt
 from llmsim.model.tokenizer import ChatTurn, Tokenizer
 
 __all__ = [
-    "MEDIA_PLACEHOLDERS",
+    "MEDIA",
     "CompletionPrompt",
-    "assistant_echo",
-    "chat_prompt_ids",
-    "chat_turns",
     "check_context_length",
     "completion_prompts",
-    "last_user_text",
-    "tool_definition",
+    "prompt_ids",
+    "tool_call_text",
+    "tools_turn",
 ]
 
-#: The text a non-text content block contributes to the prompt.
-MEDIA_PLACEHOLDERS = {
-    "image_url": "<image>",
-    "input_audio": "<audio>",
-    "audio_url": "<audio>",
-    "video_url": "<video>",
-}
+#: What a non-text input block of each kind contributes to the prompt.
+MEDIA = {"image": "<image>", "audio": "<audio>", "video": "<video>", "file": "<file>"}
 
 
-def _part_text(part: ContentPart, where: str) -> str:
-    if part.type == "text":
-        if part.text is None:
-            raise ApiError(400, f"Content part {where} of type 'text' has no 'text'.", param=f"{where}.text")
-        return part.text
-    placeholder = MEDIA_PLACEHOLDERS.get(part.type)
-    if placeholder is None:
-        known = ", ".join(["text", *MEDIA_PLACEHOLDERS])
-        message = f"Unknown content part type {part.type!r} in {where}; use one of: {known}."
-        raise ApiError(400, message, param=f"{where}.type")
-    if getattr(part, part.type) is None:
-        message = f"Content part {where} of type {part.type!r} has no {part.type!r} object."
-        raise ApiError(400, message, param=f"{where}.{part.type}")
-    return placeholder
+def prompt_ids(tokenizer: Tokenizer, turns: Sequence[ChatTurn]) -> list[int]:
+    """Token ids of a conversation: chat template applied, generation prompt added."""
+    return tokenizer.encode(tokenizer.apply_chat_template(turns))
 
 
-def _message_text(message: ChatMessage, index: int, *, with_media: bool) -> str:
-    """The text of ``messages[index]``.  (Its location is spelled out only for a
-    content-part list, the one form that can be malformed here.)"""
-    content = message.content
-    if content is None or isinstance(content, str):
-        return content or ""
-    where = f"messages[{index}]"
-    texts = [_part_text(part, f"{where}.content[{i}]") for i, part in enumerate(content)]
-    if not with_media:
-        texts = [text for part, text in zip(content, texts) if part.type == "text"]
-    return "\n".join(texts)
+def tools_turn(definitions: Sequence[dict[str, object]]) -> ChatTurn:
+    """The tool definitions as a system turn: real chat templates put them in the
+    prompt, so they cost input tokens."""
+    listing = "\n".join(json.dumps(definition, ensure_ascii=False) for definition in definitions)
+    return ChatTurn("system", f"# Tools\n<tools>\n{listing}\n</tools>")
 
 
-def _turn_text(message: ChatMessage, index: int) -> str:
-    text = _message_text(message, index, with_media=True)
-    if not message.tool_calls:
-        return text
-    calls = [tool_call_text(call.function.name, call.function.arguments) for call in message.tool_calls]
-    return "\n".join([text, *calls] if text else calls)
-
-
-def chat_turns(messages: Sequence[ChatMessage], tools: Sequence[ChatTool] | None = None) -> list[ChatTurn]:
-    """The conversation as the chat template sees it, the tool definitions first; 400 on
-    a malformed content part."""
-    turns = [ChatTurn(message.role, _turn_text(message, i)) for i, message in enumerate(messages)]
-    if tools:
-        turns.insert(0, tools_turn([tool_definition(tool) for tool in tools]))
-    return turns
-
-
-def tool_definition(tool: ChatTool) -> dict[str, object]:
-    """A tool as the prompt shows it (unset fields left out)."""
-    function = attrs.asdict(tool.function, filter=lambda _, value: value is not None)
-    return {"type": tool.type, "function": function}
-
-
-def chat_prompt_ids(
-    tokenizer: Tokenizer, messages: Sequence[ChatMessage], tools: Sequence[ChatTool] | None = None
-) -> list[int]:
-    """The prompt token ids of a chat request (template applied, generation prompt added)."""
-    return tokenizer.encode(tokenizer.apply_chat_template(chat_turns(messages, tools)))
-
-
-def last_user_text(messages: Sequence[ChatMessage]) -> str:
-    """The text of the last user message: what ``--mode echo`` replays ("" if none)."""
-    for i in range(len(messages) - 1, -1, -1):
-        if messages[i].role == "user":
-            return _message_text(messages[i], i, with_media=False)
-    return ""
-
-
-def assistant_echo(messages: Sequence[ChatMessage]) -> str | None:
-    """With ``echo: true``, vLLM prepends the last message to the answer when that
-    message is the assistant's own (a continuation); otherwise nothing."""
-    if not messages or messages[-1].role != "assistant":
-        return None
-    return _message_text(messages[-1], len(messages) - 1, with_media=False) or None
+def tool_call_text(name: str, arguments: str) -> str:
+    """An earlier tool call, as a Hermes-style template writes it into the prompt."""
+    return f'<tool_call>\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": {arguments}}}\n</tool_call>'
 
 
 @attrs.frozen
@@ -131,11 +66,11 @@ def completion_prompts(prompt: Prompt, tokenizer: Tokenizer) -> list[CompletionP
         return [_text_prompt(prompt, tokenizer)]
     if not prompt:
         raise ApiError(400, "prompt array must contain at least one prompt", param="prompt")
-    if isinstance(prompt[0], str):
-        return [_text_prompt(text, tokenizer) for text in prompt]  # type: ignore[arg-type]
+    if isinstance(prompt[0], str):  # mypy narrows the tuple forms by their first element
+        return [_text_prompt(text, tokenizer) for text in prompt]
     if isinstance(prompt[0], int):
-        return [_token_prompt(prompt, tokenizer)]  # type: ignore[arg-type]
-    return [_token_prompt(ids, tokenizer) for ids in prompt]  # type: ignore[arg-type]
+        return [_token_prompt(prompt, tokenizer)]
+    return [_token_prompt(ids, tokenizer) for ids in prompt]
 
 
 def _text_prompt(text: str, tokenizer: Tokenizer) -> CompletionPrompt:

@@ -43,7 +43,7 @@ class _Route:
         if len(segments) != len(self.segments):
             return None
         params: dict[str, str] = {}
-        for pattern, actual in zip(self.segments, segments):
+        for pattern, actual in zip(self.segments, segments, strict=True):
             if pattern.startswith("{") and pattern.endswith("}"):
                 if not actual:
                     return None

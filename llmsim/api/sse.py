@@ -1,7 +1,12 @@
-"""Server-sent events as vLLM frames them for chat and completions.
+"""Server-sent events, in the two framings the endpoints use.
 
-Every event is ``data: <json>\\n\\n`` (LF LF: ``vllm bench`` splits only on
-``"\\n\\n"``), never an ``event:`` line, and the stream ends with ``data: [DONE]``.
+* Chat and completions (vLLM's framing): every event is ``data: <json>\\n\\n`` (LF LF:
+  ``vllm bench`` splits only on ``"\\n\\n"``), never an ``event:`` line, and the
+  stream ends with ``data: [DONE]``; an error after the stream began is
+  :func:`error_events`.
+* Responses and messages: ``event: <type>\\ndata: <json>\\n\\n``
+  (:func:`event_bytes`), no ``[DONE]``.
+
 Streams are rendered from pre-built byte templates: per token only the JSON-escaped
 text is inserted, and escaping is cached per distinct piece, so no token costs a
 ``json.dumps``.
@@ -15,7 +20,16 @@ import orjson
 
 from llmsim.api.errors import ApiError
 
-__all__ = ["DONE_EVENT", "SSE_HEADERS", "chunk_head", "error_events", "escape", "escape_uncached", "json_bytes"]
+__all__ = [
+    "DONE_EVENT",
+    "SSE_HEADERS",
+    "chunk_head",
+    "error_events",
+    "escape",
+    "escape_uncached",
+    "event_bytes",
+    "json_bytes",
+]
 
 SSE_HEADERS: tuple[tuple[bytes, bytes], ...] = ((b"content-type", b"text/event-stream; charset=utf-8"),)
 DONE_EVENT = b"data: [DONE]\n\n"
@@ -72,3 +86,8 @@ def error_events(error: ApiError) -> bytes:
     ``[DONE]``.  vLLM writes this one with ``json.dumps`` (``", "`` and ``": "``
     separators), unlike the chunks."""
     return b"data: " + json.dumps({"error": error.as_dict()}).encode() + b"\n\n" + DONE_EVENT
+
+
+def event_bytes(event_type: str, data: bytes) -> bytes:
+    """One ``event: <type>\\ndata: <json>\\n\\n`` frame (LF LF, as vLLM frames them)."""
+    return b"event: " + event_type.encode() + b"\ndata: " + data + b"\n\n"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import attrs
@@ -131,7 +131,7 @@ def _optional_hook_factory(type_: Any) -> Callable[[object, type], Any]:
 
 def _attrs_hook_factory(cls: type) -> Callable[[object, type], Any]:
     """JSON object -> attrs instance; anything else is a type error, not a crash."""
-    structure_fields = make_dict_structure_fn(cls, converter)
+    structure_fields: cattrs.SimpleStructureHook[Mapping[str, Any], Any] = make_dict_structure_fn(cls, converter)
 
     def structure_object(value: object, type_: type) -> Any:
         if not isinstance(value, dict):

@@ -1,5 +1,5 @@
 """Function tools of /v1/responses and /v1/messages on the engine's tool planner
-(:mod:`llmsim.model.tools`): schema checks as 400s, and the tool-call knobs.
+(:mod:`llmsim.model.tools`): schema checks as 400s.
 
 A tool's parameters schema is compiled once per request; compiling is validating, so
 a schema llmsim cannot honour is a 400 naming the field, and every generated argument
@@ -14,17 +14,15 @@ from contextlib import contextmanager
 import attrs
 
 from llmsim.api.errors import ApiError
-from llmsim.config import Config
 from llmsim.model.tools import (
     CompiledSchema,
-    ToolCallOptions,
     ToolChoiceError,
     ToolSchemaError,
     ToolSpec,
     compile_schema,
 )
 
-__all__ = ["FunctionTool", "build_tool", "choice_error", "compile_parameters", "planning_errors", "tool_options"]
+__all__ = ["FunctionTool", "build_tool", "choice_error", "compile_parameters", "planning_errors"]
 
 
 @attrs.frozen
@@ -77,8 +75,3 @@ def planning_errors() -> Iterator[None]:
         raise choice_error(exc) from None
     except ToolSchemaError as exc:
         raise ApiError(400, f"Cannot generate a value for this schema: {exc}", param=exc.path) from None
-
-
-def tool_options(config: Config) -> ToolCallOptions:
-    """The tool-call knobs of ``config`` (llm-d-inference-sim's flags, same names)."""
-    return ToolCallOptions(**{name: getattr(config, name) for name in attrs.fields_dict(ToolCallOptions)})

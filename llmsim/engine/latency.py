@@ -2,11 +2,11 @@
 the load factor, and jitter.
 
 Everything is in seconds.  Latencies scale with the load factor
-``1 + (time_factor_under_load - 1) * (running - 1) / (max_num_seqs - 1)``: ×1 with
-one running job, ×``time_factor_under_load`` with every slot busy.  The factor applies
+``1 + (time_factor_under_load - 1) * (running - 1) / (max_num_seqs - 1)``: 1 with
+one running job, ``time_factor_under_load`` with every slot busy.  The factor applies
 to TTFT, prefill overhead, prefill time per token and inter-token latency, never to
 KV-cache transfer.  A standard deviation adds Gaussian jitter around the (scaled) mean,
-clamped to [0.3, 1.7] × mean as the Go simulator does (it is not scaled itself).
+clamped to [0.3, 1.7] * mean as the Go simulator does (it is not scaled itself).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import random
 
 import attrs
 
-from llmsim.config import Config
+from llmsim.options import LatencyOptions
 
 __all__ = ["JITTER_HIGH", "JITTER_LOW", "LatencyModel", "jittered"]
 
@@ -24,7 +24,7 @@ JITTER_HIGH = 1.7
 
 
 def jittered(rng: random.Random, mean: float, std_dev: float) -> float:
-    """A Gaussian sample around ``mean``, clamped to [0.3, 1.7] × mean.
+    """A Gaussian sample around ``mean``, clamped to [0.3, 1.7] * mean.
 
     Draws from ``rng`` only when there is something to jitter, so a configuration
     without standard deviations consumes no randomness.
@@ -47,33 +47,35 @@ def _uses_per_token(calculator: str, latency: float, std_dev: float) -> bool:
 
 @attrs.frozen
 class LatencyModel:
-    """The latency knobs of one :class:`Config`, with the calculator resolved."""
+    """The latency options, with the calculator resolved, for an engine of ``max_num_seqs`` slots."""
 
-    config: Config
+    options: LatencyOptions
+    max_num_seqs: int
     per_token_prefill: bool
     per_token_transfer: bool
 
     @classmethod
-    def from_config(cls, config: Config) -> LatencyModel:
+    def from_options(cls, options: LatencyOptions, max_num_seqs: int) -> LatencyModel:
         return cls(
-            config=config,
+            options=options,
+            max_num_seqs=max_num_seqs,
             per_token_prefill=_uses_per_token(
-                config.latency_calculator, config.time_to_first_token, config.time_to_first_token_std_dev
+                options.latency_calculator, options.time_to_first_token, options.time_to_first_token_std_dev
             ),
             per_token_transfer=_uses_per_token(
-                config.latency_calculator,
-                config.kv_cache_transfer_latency,
-                config.kv_cache_transfer_latency_std_dev,
+                options.latency_calculator,
+                options.kv_cache_transfer_latency,
+                options.kv_cache_transfer_latency_std_dev,
             ),
         )
 
     def load_factor(self, running: int) -> float:
         """How much slower than idle the engine is with ``running`` jobs holding slots."""
-        slots = self.config.max_num_seqs
+        slots = self.max_num_seqs
         if slots <= 1 or running <= 1:
             return 1.0
         busy = min(running, slots) - 1
-        return 1.0 + (self.config.time_factor_under_load - 1.0) * busy / (slots - 1)
+        return 1.0 + (self.options.time_factor_under_load - 1.0) * busy / (slots - 1)
 
     def time_to_first_token(
         self,
@@ -85,19 +87,19 @@ class LatencyModel:
         factor: float,
     ) -> float:
         """TTFT of a job admitted when the load factor is ``factor``."""
-        config = self.config
+        options = self.options
         if remote_prefill:
             if self.per_token_transfer:
-                mean = prompt_tokens * config.kv_cache_transfer_time_per_token
-                return jittered(rng, mean, config.kv_cache_transfer_time_std_dev)
-            return jittered(rng, config.kv_cache_transfer_latency, config.kv_cache_transfer_latency_std_dev)
+                mean = prompt_tokens * options.kv_cache_transfer_time_per_token
+                return jittered(rng, mean, options.kv_cache_transfer_time_std_dev)
+            return jittered(rng, options.kv_cache_transfer_latency, options.kv_cache_transfer_latency_std_dev)
         if self.per_token_prefill:
             uncached = prompt_tokens - min(max(cached_tokens, 0), prompt_tokens)
-            mean = (config.prefill_overhead + uncached * config.prefill_time_per_token) * factor
-            return jittered(rng, mean, config.prefill_time_std_dev)
-        return jittered(rng, config.time_to_first_token * factor, config.time_to_first_token_std_dev)
+            mean = (options.prefill_overhead + uncached * options.prefill_time_per_token) * factor
+            return jittered(rng, mean, options.prefill_time_std_dev)
+        return jittered(rng, options.time_to_first_token * factor, options.time_to_first_token_std_dev)
 
     def inter_token_latency(self, rng: random.Random, factor: float) -> float:
         """The gap before the next token when the load factor is ``factor``."""
-        config = self.config
-        return jittered(rng, config.inter_token_latency * factor, config.inter_token_latency_std_dev)
+        options = self.options
+        return jittered(rng, options.inter_token_latency * factor, options.inter_token_latency_std_dev)

@@ -6,7 +6,8 @@ The model, kept deliberately simple:
   aligned to multiples of it on the engine clock: period *k* is ``[k·P, (k+1)·P)``.
 * Each period has ``max_num_batched_tokens`` tokens.  Every decoding job (paused ones
   too: they keep their slot) uses one of them; the rest prefill waiting prompts in
-  admission (FIFO) order, all of it spent at the end of the period.  A prompt larger than what is left takes several periods.
+  admission (FIFO) order, all of it spent at the end of the period.  A prompt larger
+  than what is left takes several periods.
 * A job's prefill is complete at the end of the period that took its last prompt
   chunk.  Its first token is due at ``max(admitted + TTFT, that period end)``: chunking
   can only delay a first token, never bring it before its TTFT.
@@ -23,7 +24,6 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from llmsim.config import Config
 from llmsim.engine.job import Job
 
 __all__ = ["ChunkedPrefill"]
@@ -32,9 +32,11 @@ __all__ = ["ChunkedPrefill"]
 class ChunkedPrefill:
     """The jobs whose prompts still need prefill, and when the next period ends."""
 
-    def __init__(self, config: Config) -> None:
-        self._budget = config.batched_token_budget
-        self._period = config.inter_token_latency
+    def __init__(self, budget: int, period: float) -> None:
+        """``budget`` prompt tokens per period of ``period`` seconds (the unscaled
+        inter-token latency; 0: no chunking)."""
+        self._budget = budget
+        self._period = period
         self._pending: deque[Job] = deque()
         #: End of the period whose budget is spent next; ``math.inf`` when nothing waits.
         self.next_period_end = math.inf
@@ -47,11 +49,11 @@ class ChunkedPrefill:
     def __len__(self) -> int:
         return len(self._pending)
 
-    def reconfigure(self, config: Config) -> None:
+    def reconfigure(self, budget: int, period: float) -> None:
         """New budget and period length, used from the next period on.  A period that
         ends with chunking switched off prefills everything still queued."""
-        self._budget = config.batched_token_budget
-        self._period = config.inter_token_latency
+        self._budget = budget
+        self._period = period
 
     def add(self, job: Job, now: float) -> None:
         """Queue an admitted job whose prompt still has tokens to prefill."""

@@ -53,11 +53,11 @@ from collections.abc import Callable
 
 import attrs
 
-from llmsim.config import Config
 from llmsim.engine.errors import QueueFullError
 from llmsim.engine.job import Job, JobState
 from llmsim.engine.latency import LatencyModel
 from llmsim.engine.prefill import ChunkedPrefill
+from llmsim.options import EngineOptions, LatencyOptions
 
 __all__ = ["LATE_STEP_THRESHOLD", "MAX_TOKENS_PER_STEP", "Engine", "EngineStatistics", "step_grid"]
 
@@ -76,13 +76,13 @@ _DECODING = JobState.DECODING
 _FINISHED = JobState.FINISHED
 
 
-def step_grid(config: Config, target: float) -> float:
+def step_grid(inter_token_latency: float, target: float) -> float:
     """The grid interval for a step quantum of about ``target`` seconds: the largest
     ``inter_token_latency / k`` (k a positive integer) not above ``target``, or
     ``target`` itself without an inter-token latency; 0 (no grid) if ``target <= 0``."""
     if target <= 0.0:
         return 0.0
-    itl = config.inter_token_latency
+    itl = inter_token_latency
     if itl <= 0.0:
         return target
     return itl / max(1, math.ceil(itl / target - _GRID_TOLERANCE))
@@ -117,14 +117,14 @@ class EngineStatistics:
 class Engine:
     """Admits, queues, cancels and paces :class:`~llmsim.engine.job.Job` objects.
 
-    ``rng`` drives latency jitter; by default it is seeded from ``config.seed``.
+    ``rng`` drives latency jitter (``llmsim.app.build_engine`` seeds it from ``--seed``).
     """
 
-    def __init__(self, config: Config, *, rng: random.Random | None = None) -> None:
-        self._config = config
-        self._latency = LatencyModel.from_config(config)
-        self._prefill = ChunkedPrefill(config)
-        self._rng = rng if rng is not None else random.Random(config.seed)
+    def __init__(self, options: EngineOptions, latency: LatencyOptions, *, rng: random.Random | None = None) -> None:
+        self._options = options
+        self._latency = LatencyModel.from_options(latency, options.max_num_seqs)
+        self._prefill = ChunkedPrefill(options.batched_token_budget, latency.inter_token_latency)
+        self._rng = rng if rng is not None else random.Random()
         self._wakeup: Callable[[], None] | None = None
         # Waiting jobs in FIFO order; cancelled ones stay until they reach the front
         # (or the next compaction), so cancelling is O(1) even with a long queue.
@@ -160,25 +160,26 @@ class Engine:
     # --- configuration -----------------------------------------------------------------
 
     @property
-    def config(self) -> Config:
-        return self._config
+    def options(self) -> EngineOptions:
+        """Slots, queue length and step budget, as last configured."""
+        return self._options
 
     @property
     def step_quantum(self) -> float:
         """The grid interval steps are put on (seconds); 0 when every deadline is its own step."""
         return self._grid
 
-    def reconfigure(self, config: Config) -> None:
-        """Use ``config`` for every decision from now on.
+    def reconfigure(self, options: EngineOptions, latency: LatencyOptions) -> None:
+        """Use these options for every decision from now on.
 
         Deadlines already scheduled stay; new TTFTs, ITLs, load factors, slot and
         queue limits and prefill budgets follow the new values (and so does the step
         grid, which divides the inter-token latency).  Extra slots fill at the next
         step or submit.
         """
-        self._config = config
-        self._latency = LatencyModel.from_config(config)
-        self._prefill.reconfigure(config)
+        self._options = options
+        self._latency = LatencyModel.from_options(latency, options.max_num_seqs)
+        self._prefill.reconfigure(options.batched_token_budget, latency.inter_token_latency)
         self._configure()
 
     def set_step_quantum(self, target: float) -> None:
@@ -195,13 +196,13 @@ class Engine:
         self._wakeup = callback
 
     def _configure(self) -> None:
-        config = self._config
-        self._grid = step_grid(config, self._quantum_target)
+        latency = self._latency.options
+        self._grid = step_grid(latency.inter_token_latency, self._quantum_target)
         self._inverse_grid = 1.0 / self._grid if self._grid else 0.0
         # The per-token path skips the latency model when every ITL is the same.
-        constant_factor = config.time_factor_under_load == 1.0 or config.max_num_seqs <= 1
-        if constant_factor and (config.inter_token_latency_std_dev <= 0.0 or config.inter_token_latency <= 0.0):
-            self._fixed_itl = config.inter_token_latency
+        constant_factor = latency.time_factor_under_load == 1.0 or self._options.max_num_seqs <= 1
+        if constant_factor and (latency.inter_token_latency_std_dev <= 0.0 or latency.inter_token_latency <= 0.0):
+            self._fixed_itl = latency.inter_token_latency
         else:
             self._fixed_itl = None
 
@@ -220,9 +221,9 @@ class Engine:
         before = self.next_deadline()
         job.arrival_time = now
         self._submitted += 1
-        if self._waiting_count == 0 and self._running < self._config.max_num_seqs:
+        if self._waiting_count == 0 and self._running < self._options.max_num_seqs:
             self._admit(job, now)
-        elif self._waiting_count >= self._config.max_waiting_queue_length:
+        elif self._waiting_count >= self._options.max_waiting_queue_length:
             job.state = JobState.REJECTED
             job.finish_time = now
             self._rejected += 1
@@ -346,7 +347,7 @@ class Engine:
     def _fill_slots(self, now: float) -> None:
         """Admit waiting jobs, oldest first, while slots are free."""
         waiting = self._waiting
-        while self._waiting_count and self._running < self._config.max_num_seqs:
+        while self._waiting_count and self._running < self._options.max_num_seqs:
             job = waiting.popleft()
             if job.state is JobState.WAITING:
                 self._waiting_count -= 1

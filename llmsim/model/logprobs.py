@@ -87,7 +87,7 @@ def _one(token: str, position: int, salt: int, top_n: int) -> TokenLogprob:
     h = _mix((key ^ position * 0x9E3779B97F4A7C15 ^ salt) & _MASK)
     u = (h >> 11) * (1.0 / (1 << 53))
     chosen = -4.0 * u * u * u - 1e-4  # in (-4.0001, -0.0001], mostly close to 0
-    top = ((token, chosen),) + _alternatives(token, chosen, h, top_n - 1) if top_n > 1 else ((token, chosen),)[:top_n]
+    top = ((token, chosen), *_alternatives(token, chosen, h, top_n - 1)) if top_n > 1 else ((token, chosen),)[:top_n]
     return TokenLogprob(token, chosen, data, top)
 
 

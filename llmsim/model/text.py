@@ -25,9 +25,9 @@ import random
 
 import attrs
 
-from llmsim.config import Config
 from llmsim.model.corpus import SENTENCES
 from llmsim.model.tokenizer import Tokenizer
+from llmsim.options import ModelOptions
 
 __all__ = ["FinishReason", "GeneratedText", "TextGenerator", "histogram_bucket", "histogram_length", "unbounded_length"]
 
@@ -105,9 +105,9 @@ def unbounded_length(rng: random.Random, limit: int) -> int:
 class TextGenerator:
     """Plans the output of one choice: random corpus text, or the echo of the prompt."""
 
-    def __init__(self, config: Config, tokenizer: Tokenizer) -> None:
-        self._echo = config.mode == "echo"
-        self._max_model_len = config.max_model_len
+    def __init__(self, options: ModelOptions, tokenizer: Tokenizer) -> None:
+        self._echo = options.mode == "echo"
+        self._max_model_len = options.max_model_len
         self._tokenizer = tokenizer
         self._sentences = tuple(self._split(sentence) for sentence in SENTENCES)
 

@@ -24,7 +24,7 @@ from typing import Literal
 
 import attrs
 
-from llmsim.model.tool_options import ToolCallOptions
+from llmsim.options import ToolCallOptions
 from llmsim.schema.jsonschema import CompiledSchema, ToolSchemaError, compile_schema
 
 __all__ = [

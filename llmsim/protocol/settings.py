@@ -1,6 +1,6 @@
 """Limits the connection handlers enforce, and the counters every server reports.
 
-:class:`ProtocolSettings` is what ``protocol/`` needs from :class:`~llmsim.config.Config`
+:class:`ProtocolSettings` is what ``protocol/`` needs from :class:`~llmsim.options.ServerOptions`
 (plus a few fixed protocol constants), so the handlers can be built and tested without
 a whole configuration.  :class:`ConnectionTracker`, :class:`ServerStatistics` and
 :class:`ServerHandle` are shared by the native server and the hypercorn adapter: both
@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import attrs
 
-from llmsim.config import Config
+from llmsim.options import ServerOptions
 
 __all__ = [
     "BUFFER_HIGH_WATER",
@@ -55,13 +55,13 @@ class ProtocolSettings:
     ssl_context: ssl.SSLContext | None = attrs.field(default=None, eq=False)
 
     @classmethod
-    def from_config(cls, config: Config, ssl_context: ssl.SSLContext | None = None) -> ProtocolSettings:
+    def from_options(cls, options: ServerOptions, ssl_context: ssl.SSLContext | None = None) -> ProtocolSettings:
         return cls(
-            header_read_timeout=config.header_read_timeout,
-            keep_alive_timeout=config.keep_alive_timeout,
-            max_body_bytes=config.max_request_body_bytes,
-            max_concurrent_streams=config.max_concurrent_streams,
-            shutdown_grace_period=config.shutdown_grace_period,
+            header_read_timeout=options.header_read_timeout,
+            keep_alive_timeout=options.keep_alive_timeout,
+            max_body_bytes=options.max_request_body_bytes,
+            max_concurrent_streams=options.max_concurrent_streams,
+            shutdown_grace_period=options.shutdown_grace_period,
             ssl_context=ssl_context,
         )
 

@@ -10,7 +10,7 @@ import ssl
 
 import trustme
 
-from llmsim.config import Config, ConfigError
+from llmsim.options import ConfigError, ServerOptions
 
 __all__ = ["ALPN_PROTOCOLS", "self_signed_context", "server_ssl_context"]
 
@@ -39,23 +39,23 @@ def self_signed_context(names: tuple[str, ...] = SELF_SIGNED_NAMES) -> ssl.SSLCo
     return context
 
 
-def server_ssl_context(config: Config) -> ssl.SSLContext | None:
-    """The TLS context ``config`` asks for, or None for plain TCP.
+def server_ssl_context(options: ServerOptions) -> ssl.SSLContext | None:
+    """The TLS context ``options`` ask for, or None for plain TCP.
 
     Raises:
         ConfigError: the certificate or key file cannot be read or do not match.
     """
-    if config.self_signed_certs:
+    if options.self_signed_certs:
         return self_signed_context()
-    if config.ssl_certfile is None:
+    if options.ssl_certfile is None:
         return None
     context = _base_context()
     try:
-        context.load_cert_chain(config.ssl_certfile, config.ssl_keyfile)
+        context.load_cert_chain(options.ssl_certfile, options.ssl_keyfile)
     except OSError as exc:  # ssl.SSLError is an OSError too
         raise ConfigError(
             "ssl-certfile",
-            f"cannot use certificate {config.ssl_certfile!r} with key {config.ssl_keyfile!r}: {exc}; "
+            f"cannot use certificate {options.ssl_certfile!r} with key {options.ssl_keyfile!r}: {exc}; "
             "give a PEM certificate chain and its matching PEM private key",
         ) from None
     return context

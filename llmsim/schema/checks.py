@@ -114,13 +114,14 @@ def _domain(node: Node | None, depth: int = 0) -> Sequence[Any] | None:
         if isinstance(node, Union)
         else [_kind_domain(node, kind) for kind in node.generate_kinds]
     )
-    if any(part is None for part in parts):
+    known = [part for part in parts if part is not None]
+    if len(known) < len(parts):
         return None
-    if len(parts) == 1:
-        return parts[0]
-    if sum(len(part) for part in parts) > _DOMAIN_LIMIT:  # type: ignore[arg-type]
+    if len(known) == 1:
+        return known[0]
+    if sum(len(part) for part in known) > _DOMAIN_LIMIT:
         return None
-    return tuple({json_key(v): v for part in parts for v in part}.values())  # type: ignore[union-attr]
+    return tuple({json_key(v): v for part in known for v in part}.values())
 
 
 def _kind_domain(node: Simple, kind: str) -> Sequence[Any] | None:
@@ -174,7 +175,9 @@ def _object_domain(objects: Objects) -> Sequence[Any] | None:
         choices.append(list(values) if name in objects.required else [*values, _ABSENT])
     if math.prod(len(c) for c in choices) > _DOMAIN_LIMIT:
         return None
-    return tuple({n: v for n, v in zip(names, combo) if v is not _ABSENT} for combo in itertools.product(*choices))
+    return tuple(
+        {n: v for n, v in zip(names, combo, strict=True) if v is not _ABSENT} for combo in itertools.product(*choices)
+    )
 
 
 def _capacity(node: Node | None, depth: int = 0) -> int:
@@ -228,6 +231,8 @@ def _excludes(a: Node, b: Node, depth: int = 0) -> bool:
         return all(_excludes(branch, b, depth + 1) for branch in a.branches)
     if isinstance(b, Union):
         return all(_excludes(a, branch, depth + 1) for branch in b.branches)
+    if isinstance(a, Ref) or isinstance(b, Ref):
+        return False  # unresolved (still being compiled, or too long a chain): nothing is provable
     if a.values is not None:
         return not any(b.matches(value) for value in a.values)
     return all(_kind_excludes(a, b, kind, depth) for kind in a.generate_kinds)

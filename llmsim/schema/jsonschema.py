@@ -23,7 +23,7 @@ compiler does more than read keywords:
 - ``format`` is an annotation in 2020-12: known formats get realistic values when
   their lengths fit minLength/maxLength, and ``pattern`` wins over ``format``.
 
-Generation knobs (:class:`~llmsim.model.tool_options.ToolCallOptions`) are
+Generation knobs (:class:`~llmsim.options.ToolCallOptions`) are
 llm-d-inference-sim's, with its defaults; explicit schema bounds always win over them.
 This module is the compiler; around it, :mod:`llmsim.schema.keywords` checks
 keyword values and merges raw schemas, :mod:`llmsim.schema.nodes` holds the
@@ -46,7 +46,7 @@ from urllib.parse import unquote
 import attrs
 import orjson
 
-from llmsim.model.tool_options import ToolCallOptions
+from llmsim.options import ToolCallOptions
 from llmsim.schema.checks import check_exclusive, check_objects, check_unique, unique_domain
 from llmsim.schema.formats import FORMATS, MANY, phrase_variety
 from llmsim.schema.keywords import (
@@ -75,7 +75,7 @@ from llmsim.schema.nodes import (
     fit,
     smallest_cost,
 )
-from llmsim.schema.regex import PatternError, compile_pattern
+from llmsim.schema.regex import PatternError, StringPattern, compile_pattern
 
 __all__ = ["CompiledSchema", "ToolSchemaError", "compile_schema"]
 
@@ -351,7 +351,8 @@ class _Compiler:
             )
         if high is not None and low > high:
             raise ToolSchemaError(at(path, "minLength"), "minLength", f"({low}) exceeds maxLength ({high})")
-        pattern, lengths = None, ()
+        pattern: StringPattern | None = None
+        lengths: tuple[int, ...] = ()
         if "pattern" in schema:
             try:
                 pattern = compile_pattern(schema["pattern"])
@@ -491,7 +492,7 @@ def _number_witness(spec: Numbers) -> int | float | None:
         return next((v for v in candidates if spec.matches(v)), None)
     start = math.ceil(anchor / spec.multiple_of)
     for k in itertools.chain.from_iterable((start + i, start - i - 1) for i in range(500)):
-        value = round(k * spec.multiple_of, spec.decimals)
+        value: int | float = round(k * spec.multiple_of, spec.decimals)
         if spec.matches(value):
             return value
     return None

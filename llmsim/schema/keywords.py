@@ -116,9 +116,8 @@ def normalize(schema: dict[str, Any], path: str) -> dict[str, Any]:
         if keyword in out:
             out[keyword] = int(out[keyword])
     for exclusive, inclusive in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
-        if isinstance(out.get(exclusive), bool):
-            if out.pop(exclusive) and inclusive in out:
-                out[exclusive] = out.pop(inclusive)
+        if isinstance(out.get(exclusive), bool) and out.pop(exclusive) and inclusive in out:
+            out[exclusive] = out.pop(inclusive)
     return out
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from llmsim.model.tool_options import ToolCallOptions
+from llmsim.options import ToolCallOptions
 from llmsim.schema.formats import WORDS
 from llmsim.schema.keywords import TYPES, ToolSchemaError, json_key
 from llmsim.schema.regex import StringPattern
@@ -335,10 +335,15 @@ class Simple:
             return False
         if self.values is not None and json_key(value) not in {json_key(v) for v in self.values}:
             return False
-        if kind in ("integer", "number"):
-            return self.numbers is None or self.numbers.matches(value)  # type: ignore[arg-type]
-        spec = {"string": self.strings, "array": self.arrays, "object": self.objects}.get(kind)
-        return spec is None or spec.matches(value)  # type: ignore[attr-defined]
+        if isinstance(value, str):
+            return self.strings is None or self.strings.matches(value)
+        if isinstance(value, list):
+            return self.arrays is None or self.arrays.matches(value)
+        if isinstance(value, dict):
+            return self.objects is None or self.objects.matches(value)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return self.numbers is None or self.numbers.matches(value)
+        return True  # null or boolean: the type is the whole check
 
     def generate(self, ctx: Context) -> object:
         ctx.budget -= 1

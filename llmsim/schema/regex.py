@@ -73,7 +73,7 @@ class _Seq:
     counts: Counts
 
     def generate(self, rng: random.Random, length: int, out: list[str]) -> None:
-        for item, rest in zip(self.items, self.suffixes[1:]):
+        for item, rest in zip(self.items, self.suffixes[1:], strict=True):
             part = _split(rng, item.counts, rest, length)
             item.generate(rng, part, out)
             length -= part

@@ -11,39 +11,80 @@ from typing import Any
 import orjson
 import trio
 
-from llmsim.api.generation import StreamingSink, StreamRenderer
-from llmsim.api.http import Headers, HttpRequest
-from llmsim.app import Simulator
+from llmsim.api.generation import StreamingSink, StreamRenderer, build_jobs
+from llmsim.api.http import Headers, HttpRequest, ResponseEvent, ResponseState, next_state
+from llmsim.api.plan import GenerationPlan, PromptPlan, TurnPlan
+from llmsim.app import Simulator, build_engine
 from llmsim.config import Config
 from llmsim.engine.job import Job, JobSink
-from llmsim.engine.scheduler import Engine
+from llmsim.protocol.settings import BUFFER_HIGH_WATER, BUFFER_LOW_WATER
 
-__all__ = ["CREATED", "EngineRun", "FakeResponse", "make_job", "make_simulator", "post", "running", "sse_payloads"]
+__all__ = [
+    "CREATED",
+    "EngineRun",
+    "FakeResponse",
+    "make_job",
+    "make_simulator",
+    "post",
+    "running",
+    "sse_payloads",
+    "turn_job",
+]
 
 CREATED = 1_700_000_000  # the wall clock of every simulator built here
 
 
 class FakeResponse:
-    """Records what a handler does to its response; ``full`` makes writes report a
-    full buffer until :meth:`drain`.  Writes are stamped with ``clock()``."""
+    """A :class:`~llmsim.api.http.ResponseStream` that records what a handler does to
+    its response (it passes ``llmsim.testing.check_response_stream``).
 
-    def __init__(self, clock: Callable[[], float] = trio.current_time) -> None:
+    The client reads every write at once, unless it stopped ``reading``: then written
+    bytes wait, ``unread``, until :meth:`deliver` (or :meth:`drain`), and ``write``
+    returns False once they reach ``high_water``.  ``full = True`` is a client that
+    stopped reading with the buffer at its high-water mark.  Writes are stamped with
+    ``clock()``.
+    """
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = trio.current_time,
+        *,
+        reading: bool = True,
+        high_water: int = BUFFER_HIGH_WATER,
+        low_water: int = BUFFER_LOW_WATER,
+    ) -> None:
         self._clock = clock
+        self.state = ResponseState.IDLE
         self.status: int | None = None
         self.headers: dict[bytes, bytes] = {}
         self.writes: list[tuple[float, bytes]] = []  # (clock(), bytes), end() included
-        self.ended = False
-        self.full = False
+        self.reading = reading
+        self.high_water = high_water
+        self.low_water = low_water
+        self.unread = 0  # bytes written that the client has not read
         self._drained: list[Callable[[], None]] = []
         self._closed: list[Callable[[], None]] = []
 
     @property
     def closed(self) -> bool:
-        return self.ended
+        return self.state.closed
 
     @property
     def started(self) -> bool:
-        return self.status is not None
+        return self.state.started
+
+    @property
+    def ended(self) -> bool:
+        return self.state.ended
+
+    @property
+    def full(self) -> bool:
+        return self.unread >= self.high_water
+
+    @full.setter
+    def full(self, full: bool) -> None:
+        self.reading = not full
+        self.unread = max(self.unread, self.high_water) if full else 0
 
     @property
     def body(self) -> bytes:
@@ -53,31 +94,69 @@ class FakeResponse:
         return orjson.loads(self.body)
 
     def start(self, status: int, headers: Headers) -> None:
-        assert self.status is None, "response started twice"
+        self.state = next_state(self.state, ResponseEvent.START)
         self.status = status
         self.headers = dict(headers)
 
     def write(self, data: bytes) -> bool:
-        assert self.started and not self.ended, "write outside start..end"
-        self.writes.append((self._clock(), data))
-        return not self.full
+        self.state = next_state(self.state, ResponseEvent.WRITE)
+        if self.state is ResponseState.STREAMING:
+            self._append(data)
+        return self.unread < self.high_water
 
     def end(self, data: bytes = b"") -> None:
-        assert self.started and not self.ended, "end outside start..end"
-        self.writes.append((self._clock(), data))
-        self.ended = True
+        self.state = next_state(self.state, ResponseEvent.END)
+        if self.state is ResponseState.ENDED:
+            self._append(data)
+            self._complete_if_read()
 
     def on_drained(self, callback: Callable[[], None]) -> None:
-        self._drained.append(callback)
+        if self.unread < self.low_water or self.state.closed:
+            callback()
+        else:
+            self._drained.append(callback)
 
     def on_close(self, callback: Callable[[], None]) -> None:
-        self._closed.append(callback)
+        if self.state.closed and not self.state.ended:
+            callback()
+        elif not self.state.closed:
+            self._closed.append(callback)
 
-    def drain(self) -> None:
-        self.full = False
+    def deliver(self) -> None:
+        """The client reads everything written so far (and reads on as it did)."""
+        self.unread = 0
         callbacks, self._drained = self._drained, []
         for callback in callbacks:
             callback()
+        self._complete_if_read()
+
+    def drain(self) -> None:
+        """The client reads everything written so far, and every write from now on."""
+        self.reading = True
+        self.deliver()
+
+    def disconnect(self) -> None:
+        """The client goes away."""
+        if self.state.closed:
+            return
+        ended = self.state.ended
+        self.state = next_state(self.state, ResponseEvent.CLOSE)
+        self.unread = 0
+        self._drained.clear()
+        callbacks, self._closed = self._closed, []
+        if not ended:
+            for callback in callbacks:
+                callback()
+
+    def _append(self, data: bytes) -> None:
+        self.writes.append((self._clock(), data))
+        if not self.reading:
+            self.unread += len(data)
+
+    def _complete_if_read(self) -> None:
+        if self.state is ResponseState.ENDED and not self.unread:
+            self.state = next_state(self.state, ResponseEvent.COMPLETE)
+            self._closed.clear()
 
 
 def make_simulator(**config: Any) -> Simulator:
@@ -117,7 +196,7 @@ class EngineRun:
 
     def __init__(self, **config: Any) -> None:
         self.now = 0.0
-        self.engine = Engine(Config(**{"port": 0, "seed": 1, **config}))
+        self.engine = build_engine(Config(**{"port": 0, "seed": 1, **config}))
         self.response = FakeResponse(clock=lambda: self.now)
         self.response.start(200, ())
 
@@ -157,6 +236,13 @@ def make_job(
         index=index,
         request_id="1",
     )
+
+
+def turn_job(sink: JobSink, turn: TurnPlan, *, cap: int = 64) -> Job:
+    """The one job of a request that says ``turn`` in answer to a 3-token prompt, built
+    as the endpoints build theirs."""
+    [job] = build_jobs(GenerationPlan.single("1", PromptPlan((1, 2, 3), cap), turn), sink)
+    return job
 
 
 @asynccontextmanager

@@ -221,7 +221,7 @@ async def test_completion_logprobs_streamed_equal_complete(
         assert all(len(top) == max(logprobs, 1) for top in listed)
         assert all(
             top[token] == lp
-            for token, lp, top in zip(values["tokens"], values["token_logprobs"], values["top_logprobs"])
+            for token, lp, top in zip(values["tokens"], values["token_logprobs"], values["top_logprobs"], strict=True)
             if top
         )
         if echo:

@@ -8,6 +8,7 @@ the requesting module, so the values stay with the tests that depend on them.
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 import pytest
@@ -21,10 +22,17 @@ def http_version(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
+@pytest.fixture(scope="session")
+def tls_context() -> ssl.SSLContext:
+    """One client TLS context for the whole run: httpx builds a new one for every client,
+    and loading its CA bundle takes ~40 ms, seconds over all the SDK tests."""
+    return ssl.create_default_context()
+
+
 @pytest.fixture
-def http_kwargs(http_version: str) -> dict[str, Any]:
-    """The ``http1``/``http2`` switches of an httpx (or httpx2) client speaking ``http_version``."""
-    return {"http1": http_version == "http1", "http2": http_version == "http2"}
+def http_kwargs(http_version: str, tls_context: ssl.SSLContext) -> dict[str, Any]:
+    """The keyword arguments of an httpx (or httpx2) client speaking ``http_version``."""
+    return {"http1": http_version == "http1", "http2": http_version == "http2", "verify": tls_context}
 
 
 @pytest.fixture

@@ -25,9 +25,11 @@ async def client(backend: str, http_kwargs: dict[str, Any]) -> AsyncIterator[htt
         max_model_len=4096,
         max_request_body_size_mb=0.01,  # 10 KiB
     )
-    async with open_simulator(config) as server:
-        async with httpx.AsyncClient(base_url=server.url, timeout=10, **http_kwargs) as client:
-            yield client
+    async with (
+        open_simulator(config) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=10, **http_kwargs) as client,
+    ):
+        yield client
 
 
 def _assert_envelope(response: httpx.Response, status: int, error_type: str) -> dict[str, object]:
@@ -114,7 +116,7 @@ async def test_unknown_model_is_404(client: httpx.AsyncClient) -> None:
 
 
 async def test_ready_is_503_during_the_startup_duration(backend: str) -> None:
-    async with open_simulator(Config(port=0, server=backend, startup_duration=3600.0)) as server:
-        async with httpx.AsyncClient(base_url=server.url) as client:
-            _assert_envelope(await client.get("/health/ready"), 503, "InternalServerError")
-            assert (await client.get("/health")).status_code == 200
+    config = Config(port=0, server=backend, startup_duration=3600.0)
+    async with open_simulator(config) as server, httpx.AsyncClient(base_url=server.url) as client:
+        _assert_envelope(await client.get("/health/ready"), 503, "InternalServerError")
+        assert (await client.get("/health")).status_code == 200

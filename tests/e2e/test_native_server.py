@@ -52,6 +52,7 @@ async def test_curl_over_tls_negotiates_h2(nursery: trio.Nursery) -> None:
     assert version == "2" and '"sim-model"' in body
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", [(), ("--h1",)])
 async def test_h2load_against_health(nursery: trio.Nursery, mode: tuple[str, ...]) -> None:
     server = await start(nursery)

@@ -10,7 +10,6 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
-import attrs
 import httpx
 import jsonschema
 import openai
@@ -170,7 +169,7 @@ async def test_error_types(
 
 
 async def test_full_queue_is_a_rate_limit_error(llmsim_config: Config, http_kwargs: dict[str, Any]) -> None:
-    busy = attrs.evolve(llmsim_config, max_num_seqs=1, max_waiting_queue_length=0, time_to_first_token=60.0)
+    busy = llmsim_config.replace(max_num_seqs=1, max_waiting_queue_length=0, time_to_first_token=60.0)
     async with open_simulator(busy) as server, httpx.AsyncClient(**http_kwargs) as http_client:
         client = openai.AsyncOpenAI(
             base_url=f"{server.url}/v1", api_key="unused", max_retries=0, http_client=http_client

@@ -6,7 +6,7 @@ import math
 import random
 
 import attrs
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from llmsim.config import Config
@@ -74,8 +74,9 @@ def sink_of(job: Job) -> CheckingSink:
 def _check_counts(engine: Engine, jobs: list[Job]) -> None:
     stats = engine.statistics()
     states = [job.state for job in jobs]
-    assert stats.running == sum(s in (JobState.PREFILL, JobState.DECODING) for s in states) <= CONFIG.max_num_seqs
-    assert stats.waiting == states.count(JobState.WAITING) <= CONFIG.max_waiting_queue_length
+    limits = CONFIG.engine
+    assert stats.running == sum(s in (JobState.PREFILL, JobState.DECODING) for s in states) <= limits.max_num_seqs
+    assert stats.waiting == states.count(JobState.WAITING) <= limits.max_waiting_queue_length
     assert stats.finished == states.count(JobState.FINISHED)
     assert stats.cancelled == states.count(JobState.CANCELLED)
     assert stats.rejected == states.count(JobState.REJECTED)
@@ -83,10 +84,9 @@ def _check_counts(engine: Engine, jobs: list[Job]) -> None:
     assert stats.generated_tokens == sum(job.emitted for job in jobs)
 
 
-@settings(max_examples=200, deadline=None)
 @given(ops=operations, seed=st.integers(0, 1000), quantum=st.sampled_from([0.0, 0.002, 0.0035]))
 def test_engine_stays_consistent(ops: list[Op], seed: int, quantum: float) -> None:
-    engine = Engine(CONFIG, rng=random.Random(seed))
+    engine = Engine(CONFIG.engine, CONFIG.latency, rng=random.Random(seed))
     engine.set_step_quantum(quantum)
     jobs: list[Job] = []
     emitted_at_cancel: dict[int, int] = {}

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmsim.config import Config
 from llmsim.engine.latency import LatencyModel, jittered
+from llmsim.options import LatencyOptions
 
 
 @given(
@@ -44,39 +44,39 @@ def test_jitter_is_gaussian_around_the_mean() -> None:
     [(0, 1.0), (1, 1.0), (2, 1.5), (3, 2.0), (5, 3.0), (9, 3.0)],
 )
 def test_load_factor_is_linear_in_running_jobs(running: int, expected: float) -> None:
-    model = LatencyModel.from_config(Config(max_num_seqs=5, time_factor_under_load=3.0))
+    model = LatencyModel.from_options(LatencyOptions(time_factor_under_load=3.0), max_num_seqs=5)
     assert model.load_factor(running) == pytest.approx(expected)
 
 
 def test_load_factor_is_one_with_a_single_slot() -> None:
-    model = LatencyModel.from_config(Config(max_num_seqs=1, time_factor_under_load=3.0))
+    model = LatencyModel.from_options(LatencyOptions(time_factor_under_load=3.0), max_num_seqs=1)
     assert model.load_factor(1) == 1.0
 
 
 @pytest.mark.parametrize(
     ("config", "per_token_prefill", "per_token_transfer"),
     [
-        (Config(), True, True),
-        (Config(time_to_first_token=0.1), False, True),
-        (Config(kv_cache_transfer_latency=0.1), True, False),
-        (Config(latency_calculator="constant"), False, False),
-        (Config(latency_calculator="per-token", time_to_first_token=0.1), True, True),
+        (LatencyOptions(), True, True),
+        (LatencyOptions(time_to_first_token=0.1), False, True),
+        (LatencyOptions(kv_cache_transfer_latency=0.1), True, False),
+        (LatencyOptions(latency_calculator="constant"), False, False),
+        (LatencyOptions(latency_calculator="per-token", time_to_first_token=0.1), True, True),
     ],
 )
-def test_calculator_resolution(config: Config, per_token_prefill: bool, per_token_transfer: bool) -> None:
-    model = LatencyModel.from_config(config)
+def test_calculator_resolution(config: LatencyOptions, per_token_prefill: bool, per_token_transfer: bool) -> None:
+    model = LatencyModel.from_options(config, max_num_seqs=256)
     assert (model.per_token_prefill, model.per_token_transfer) == (per_token_prefill, per_token_transfer)
 
 
 def test_time_to_first_token_formulas() -> None:
-    config = Config(
+    config = LatencyOptions(
         latency_calculator="per-token",
         prefill_overhead=0.02,
         prefill_time_per_token=0.001,
         kv_cache_transfer_time_per_token=0.0005,
         time_factor_under_load=2.0,
     )
-    model = LatencyModel.from_config(config)
+    model = LatencyModel.from_options(config, max_num_seqs=256)
     rng = random.Random(0)
     local = model.time_to_first_token(rng, prompt_tokens=100, cached_tokens=30, remote_prefill=False, factor=2.0)
     remote = model.time_to_first_token(rng, prompt_tokens=100, cached_tokens=30, remote_prefill=True, factor=2.0)
@@ -85,8 +85,8 @@ def test_time_to_first_token_formulas() -> None:
 
 
 def test_per_token_prefill_jitter_uses_the_prefill_deviation() -> None:
-    config = Config(latency_calculator="per-token", prefill_time_per_token=0.001, prefill_time_std_dev=0.01)
-    model = LatencyModel.from_config(config)
+    config = LatencyOptions(latency_calculator="per-token", prefill_time_per_token=0.001, prefill_time_std_dev=0.01)
+    model = LatencyModel.from_options(config, max_num_seqs=256)
     rng = random.Random(5)
     samples = {
         model.time_to_first_token(rng, prompt_tokens=50, cached_tokens=0, remote_prefill=False, factor=1.0)
@@ -97,8 +97,8 @@ def test_per_token_prefill_jitter_uses_the_prefill_deviation() -> None:
 
 
 def test_inter_token_latency_scales_the_mean_not_the_deviation() -> None:
-    config = Config(inter_token_latency=0.01, inter_token_latency_std_dev=0.003)
-    model = LatencyModel.from_config(config)
+    config = LatencyOptions(inter_token_latency=0.01, inter_token_latency_std_dev=0.003)
+    model = LatencyModel.from_options(config, max_num_seqs=256)
     rng = random.Random(9)
     samples = [model.inter_token_latency(rng, 4.0) for _ in range(4000)]
     mean = sum(samples) / len(samples)

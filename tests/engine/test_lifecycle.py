@@ -10,9 +10,11 @@ import math
 import attrs
 import pytest
 
+from llmsim.app import build_engine
 from llmsim.config import Config
-from llmsim.engine import MAX_TOKENS_PER_STEP, Engine, Job, JobState, QueueFullError
+from llmsim.engine import MAX_TOKENS_PER_STEP, Job, JobState, QueueFullError
 from llmsim.engine.testing import SinkCall, planned_job, recording_sink, run_until_idle
+from llmsim.options import EngineOptions, LatencyOptions
 
 CHUNKED = Config(max_num_batched_tokens=100, max_num_seqs=100, inter_token_latency=0.01)
 
@@ -21,7 +23,7 @@ CHUNKED = Config(max_num_batched_tokens=100, max_num_seqs=100, inter_token_laten
 
 
 def test_cancel_frees_the_slot_at_once_and_admits_the_next_job() -> None:
-    engine = Engine(Config(time_to_first_token=0.1, inter_token_latency=0.01, max_num_seqs=1))
+    engine = build_engine(Config(time_to_first_token=0.1, inter_token_latency=0.01, max_num_seqs=1))
     running, waiting = planned_job(output=10), planned_job(output=2)
     engine.submit(running, 0.0)
     engine.submit(waiting, 0.0)
@@ -46,7 +48,7 @@ def test_cancel_frees_the_slot_at_once_and_admits_the_next_job() -> None:
 
 
 def test_cancelled_waiting_job_is_skipped() -> None:
-    engine = Engine(Config(time_to_first_token=0.1, max_num_seqs=1))
+    engine = build_engine(Config(time_to_first_token=0.1, max_num_seqs=1))
     running, cancelled, next_job = planned_job(output=1), planned_job(output=1), planned_job(output=1)
     for job in (running, cancelled, next_job):
         engine.submit(job, 0.0)
@@ -58,7 +60,7 @@ def test_cancelled_waiting_job_is_skipped() -> None:
 
 
 def test_cancel_during_chunked_prefill_forgets_the_prompt() -> None:
-    engine = Engine(CHUNKED)
+    engine = build_engine(CHUNKED)
     job = planned_job(prompt=1000, output=1)
     engine.submit(job, 0.0)
     engine.cancel(job, 0.005)
@@ -67,7 +69,7 @@ def test_cancel_during_chunked_prefill_forgets_the_prompt() -> None:
 
 
 def test_cancel_before_submit_makes_the_job_unsubmittable() -> None:
-    engine = Engine(Config())
+    engine = build_engine(Config())
     job = planned_job()
     engine.cancel(job, 0.0)
     assert job.state is JobState.CANCELLED
@@ -77,7 +79,7 @@ def test_cancel_before_submit_makes_the_job_unsubmittable() -> None:
 
 
 def test_many_cancelled_waiting_jobs_do_not_pile_up() -> None:
-    engine = Engine(Config(max_num_seqs=1, max_waiting_queue_length=100_000))
+    engine = build_engine(Config(max_num_seqs=1, max_waiting_queue_length=100_000))
     engine.submit(planned_job(), 0.0)
     for _ in range(10_000):
         job = planned_job()
@@ -88,7 +90,7 @@ def test_many_cancelled_waiting_jobs_do_not_pile_up() -> None:
 
 
 def test_a_sink_may_cancel_its_own_job() -> None:
-    engine = Engine(Config(inter_token_latency=0.01))
+    engine = build_engine(Config(inter_token_latency=0.01))
 
     @attrs.define
     class HangUp:
@@ -111,7 +113,7 @@ def test_a_sink_may_cancel_its_own_job() -> None:
 
 
 def test_a_late_step_emits_every_due_token_without_drifting() -> None:
-    engine = Engine(Config(time_to_first_token=0.1, inter_token_latency=0.01))
+    engine = build_engine(Config(time_to_first_token=0.1, inter_token_latency=0.01))
     job = planned_job(output=15)
     engine.submit(job, 0.0)
     engine.step(0.205)  # tokens due at 0.10, 0.11, ..., 0.20
@@ -125,7 +127,7 @@ def test_a_late_step_emits_every_due_token_without_drifting() -> None:
 
 
 def test_catch_up_is_capped_per_step_and_loses_nothing() -> None:
-    engine = Engine(Config(time_to_first_token=0.1, inter_token_latency=0.001))
+    engine = build_engine(Config(time_to_first_token=0.1, inter_token_latency=0.001))
     job = planned_job(output=40)
     engine.submit(job, 0.0)
     engine.step(1.0)
@@ -138,7 +140,7 @@ def test_catch_up_is_capped_per_step_and_loses_nothing() -> None:
 
 
 def test_zero_latency_jobs_take_turns() -> None:
-    engine = Engine(Config())
+    engine = build_engine(Config())
     jobs = [planned_job(output=40) for _ in range(3)]
     for job in jobs:
         engine.submit(job, 0.0)
@@ -152,7 +154,7 @@ def test_zero_latency_jobs_take_turns() -> None:
 
 
 def test_paused_job_gets_no_tokens_until_resumed() -> None:
-    engine = Engine(Config(time_to_first_token=0.1, inter_token_latency=0.01))
+    engine = build_engine(Config(time_to_first_token=0.1, inter_token_latency=0.01))
     job = planned_job(output=4)
     recording_sink(job).accept = False
     engine.submit(job, 0.0)
@@ -168,7 +170,7 @@ def test_paused_job_gets_no_tokens_until_resumed() -> None:
 
 
 def test_resume_before_the_deadline_keeps_the_deadline() -> None:
-    engine = Engine(Config(time_to_first_token=0.1, inter_token_latency=0.05))
+    engine = build_engine(Config(time_to_first_token=0.1, inter_token_latency=0.05))
     job = planned_job(output=2)
     recording_sink(job).accept = False
     engine.submit(job, 0.0)
@@ -179,7 +181,7 @@ def test_resume_before_the_deadline_keeps_the_deadline() -> None:
 
 
 def test_resume_from_inside_the_sink_call_cancels_the_pause() -> None:
-    engine = Engine(Config(inter_token_latency=0.01))
+    engine = build_engine(Config(inter_token_latency=0.01))
 
     @attrs.define
     class DrainsAtOnce:
@@ -198,7 +200,7 @@ def test_resume_from_inside_the_sink_call_cancels_the_pause() -> None:
 
 
 def test_resume_of_a_running_job_is_a_no_op() -> None:
-    engine = Engine(Config(time_to_first_token=0.1, inter_token_latency=0.01))
+    engine = build_engine(Config(time_to_first_token=0.1, inter_token_latency=0.01))
     job = planned_job(output=3)
     engine.submit(job, 0.0)
     engine.step(0.1)
@@ -210,7 +212,7 @@ def test_resume_of_a_running_job_is_a_no_op() -> None:
 
 
 def test_an_empty_plan_gets_one_finishing_call_at_its_first_token_time() -> None:
-    engine = Engine(Config(time_to_first_token=0.1, max_num_seqs=1))
+    engine = build_engine(Config(time_to_first_token=0.1, max_num_seqs=1))
     empty, after = planned_job(output=0), planned_job(output=1)
     engine.submit(empty, 0.0)
     engine.submit(after, 0.0)
@@ -222,7 +224,7 @@ def test_an_empty_plan_gets_one_finishing_call_at_its_first_token_time() -> None
 
 
 def test_a_failing_sink_does_not_lose_other_due_jobs() -> None:
-    engine = Engine(Config(time_to_first_token=0.1, inter_token_latency=0.01))
+    engine = build_engine(Config(time_to_first_token=0.1, inter_token_latency=0.01))
 
     class Broken:
         def on_output(self, job: Job, start: int, stop: int, now: float) -> bool:
@@ -240,7 +242,7 @@ def test_a_failing_sink_does_not_lose_other_due_jobs() -> None:
 
 
 def test_wakeup_fires_when_a_submit_makes_the_next_deadline_earlier() -> None:
-    engine = Engine(Config(time_to_first_token=0.1, max_num_seqs=2))
+    engine = build_engine(Config(time_to_first_token=0.1, max_num_seqs=2))
     wakeups: list[float] = []
     engine.set_wakeup(lambda: wakeups.append(engine.next_deadline()))
     engine.submit(planned_job(), 0.0)
@@ -248,16 +250,16 @@ def test_wakeup_fires_when_a_submit_makes_the_next_deadline_earlier() -> None:
     engine.submit(planned_job(), 0.05)  # due at 0.15: later than 0.1
     engine.submit(planned_job(), 0.05)  # queued
     assert len(wakeups) == 1
-    engine.reconfigure(Config(time_to_first_token=0.01, max_num_seqs=3))
+    engine.reconfigure(EngineOptions(max_num_seqs=3), LatencyOptions(time_to_first_token=0.01))
     engine.submit(planned_job(), 0.05)  # the queued job is admitted now, due at 0.06
     assert wakeups[1:] == [pytest.approx(0.06)]
 
 
 def test_wakeup_fires_when_cancel_admits_a_job_due_sooner() -> None:
-    engine = Engine(Config(time_to_first_token=0.1, max_num_seqs=1))
+    engine = build_engine(Config(time_to_first_token=0.1, max_num_seqs=1))
     running, waiting = planned_job(), planned_job()
     engine.submit(running, 0.0)
-    engine.reconfigure(Config(time_to_first_token=0.01, max_num_seqs=1))
+    engine.reconfigure(EngineOptions(max_num_seqs=1), LatencyOptions(time_to_first_token=0.01))
     engine.submit(waiting, 0.0)
     wakeups: list[float] = []
     engine.set_wakeup(lambda: wakeups.append(engine.next_deadline()))
@@ -266,7 +268,7 @@ def test_wakeup_fires_when_cancel_admits_a_job_due_sooner() -> None:
 
 
 def test_wakeup_fires_on_resume() -> None:
-    engine = Engine(Config(inter_token_latency=0.01))
+    engine = build_engine(Config(inter_token_latency=0.01))
     job = planned_job()
     recording_sink(job).accept = False
     engine.submit(job, 0.0)
@@ -278,10 +280,10 @@ def test_wakeup_fires_on_resume() -> None:
 
 
 def test_reconfigure_applies_to_later_decisions_only() -> None:
-    engine = Engine(Config(time_to_first_token=0.1))
+    engine = build_engine(Config(time_to_first_token=0.1))
     early = planned_job(output=1)
     engine.submit(early, 0.0)
-    engine.reconfigure(Config(time_to_first_token=0.3))
+    engine.reconfigure(EngineOptions(), LatencyOptions(time_to_first_token=0.3))
     late = planned_job(output=1)
     engine.submit(late, 0.0)
     run_until_idle(engine)
@@ -289,7 +291,7 @@ def test_reconfigure_applies_to_later_decisions_only() -> None:
 
 
 def test_statistics_count_every_outcome() -> None:
-    engine = Engine(
+    engine = build_engine(
         Config(time_to_first_token=0.1, inter_token_latency=0.01, max_num_seqs=2, max_waiting_queue_length=1)
     )
     jobs = [planned_job(prompt=7, output=3) for _ in range(4)]

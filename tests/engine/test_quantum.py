@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+from itertools import pairwise
 
 import attrs
 import pytest
@@ -40,7 +41,7 @@ class DeadlineSink:
 
 
 def quantized_engine(config: Config = PACED, quantum: float = 0.002, seed: int = 1) -> Engine:
-    engine = Engine(config, rng=random.Random(seed))
+    engine = Engine(config.engine, config.latency, rng=random.Random(seed))
     engine.set_step_quantum(quantum)
     return engine
 
@@ -78,7 +79,7 @@ def sink_of(job: Job) -> DeadlineSink:
     ],
 )
 def test_the_grid_divides_the_inter_token_latency(itl: float, target: float, expected: float) -> None:
-    grid = step_grid(Config(inter_token_latency=itl), target)
+    grid = step_grid(itl, target)
     assert grid == pytest.approx(expected)
     assert grid <= target
     if grid and itl:
@@ -88,7 +89,7 @@ def test_the_grid_divides_the_inter_token_latency(itl: float, target: float, exp
 def test_the_grid_follows_reconfigure() -> None:
     engine = quantized_engine()
     assert engine.step_quantum == pytest.approx(0.002)
-    engine.reconfigure(attrs.evolve(PACED, inter_token_latency=0.015))
+    engine.reconfigure(PACED.engine, attrs.evolve(PACED.latency, inter_token_latency=0.015))
     assert engine.step_quantum == pytest.approx(0.015 / 8)
     engine.set_step_quantum(0.0)
     assert engine.step_quantum == 0.0
@@ -114,13 +115,12 @@ def test_with_a_grid_that_divides_the_itl_every_gap_is_exact() -> None:
     engine = quantized_engine()
     jobs = submit_spread(engine, 200)
     run_until_idle(engine)
-    gaps = [b - a for job in jobs for a, b in zip(sink_of(job).times, sink_of(job).times[1:])]
+    gaps = [b - a for job in jobs for a, b in pairwise(sink_of(job).times)]
     assert gaps == pytest.approx([ITL] * len(gaps), abs=1e-9)
 
 
 def test_jittered_and_load_scaled_tokens_are_never_early_either() -> None:
-    config = attrs.evolve(
-        PACED,
+    config = PACED.replace(
         time_to_first_token_std_dev=0.02,
         inter_token_latency_std_dev=0.005,
         time_factor_under_load=2.0,
@@ -133,12 +133,12 @@ def test_jittered_and_load_scaled_tokens_are_never_early_either() -> None:
     for job in jobs:
         sink = sink_of(job)
         # Call k hands out the token that was "next" at call k - 1.
-        for due, at in zip(sink.next_deadlines, sink.times[1:]):
+        for due, at in zip(sink.next_deadlines[:-1], sink.times[1:], strict=True):
             assert due - EPS <= at < due + grid
 
 
 def test_steps_happen_only_on_the_grid_so_they_are_few() -> None:
-    exact = Engine(PACED, rng=random.Random(1))
+    exact = Engine(PACED.engine, PACED.latency, rng=random.Random(1))
     quantized = quantized_engine()
     steps = {}
     for name, engine in (("exact", exact), ("quantized", quantized)):
@@ -279,4 +279,4 @@ def test_the_engine_task_steps_on_the_grid() -> None:
         first = job.arrival_time + TTFT
         assert first - EPS <= times[0] < first + grid
         assert all(t / grid == pytest.approx(round(t / grid), abs=1e-6) for t in times)
-        assert [b - a for a, b in zip(times, times[1:])] == pytest.approx([ITL] * 4, abs=1e-9)
+        assert [b - a for a, b in pairwise(times)] == pytest.approx([ITL] * 4, abs=1e-9)

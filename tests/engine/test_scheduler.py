@@ -6,10 +6,12 @@ Driven with a fake clock: every ``now`` is a plain number.
 from __future__ import annotations
 
 import random
+from itertools import pairwise
 
 import attrs
 import pytest
 
+from llmsim.app import build_engine
 from llmsim.config import Config
 from llmsim.engine import QUEUE_FULL_MESSAGE, Engine, JobState, QueueFullError
 from llmsim.engine.testing import planned_job, recording_sink, run_until_idle
@@ -18,7 +20,7 @@ from llmsim.engine.testing import planned_job, recording_sink, run_until_idle
 
 
 def test_constant_ttft_then_one_token_per_itl() -> None:
-    engine = Engine(Config(time_to_first_token=0.1, inter_token_latency=0.02))
+    engine = build_engine(Config(time_to_first_token=0.1, inter_token_latency=0.02))
     job = planned_job(output=5)
     engine.submit(job, 0.005)
     run_until_idle(engine)
@@ -36,7 +38,7 @@ def test_constant_ttft_then_one_token_per_itl() -> None:
 @pytest.mark.parametrize("calculator", ["per-token", ""])
 def test_per_token_ttft_skips_cached_tokens(calculator: str) -> None:
     config = Config(latency_calculator=calculator, prefill_overhead=0.01, prefill_time_per_token=0.001)
-    engine = Engine(config)
+    engine = build_engine(config)
     job = planned_job(prompt=100, output=1, cached_tokens=40)
     engine.submit(job, 1.0)
     run_until_idle(engine)
@@ -45,7 +47,7 @@ def test_per_token_ttft_skips_cached_tokens(calculator: str) -> None:
 
 def test_constant_calculator_ignores_prompt_length() -> None:
     config = Config(latency_calculator="constant", time_to_first_token=0.05, prefill_time_per_token=1.0)
-    engine = Engine(config)
+    engine = build_engine(config)
     job = planned_job(prompt=500, output=1)
     engine.submit(job, 0.0)
     run_until_idle(engine)
@@ -60,7 +62,7 @@ def test_constant_calculator_ignores_prompt_length() -> None:
     ],
 )
 def test_remote_prefill_ttft_is_the_kv_transfer_and_not_scaled_by_load(config: Config, expected: float) -> None:
-    engine = Engine(attrs.evolve(config, time_to_first_token=1.0, max_num_seqs=2, time_factor_under_load=4.0))
+    engine = build_engine(config.replace(time_to_first_token=1.0, max_num_seqs=2, time_factor_under_load=4.0))
     engine.submit(planned_job(output=100), 0.0)  # a second running job: load factor 4
     job = planned_job(prompt=30, output=1, remote_prefill=True)
     engine.submit(job, 0.0)
@@ -70,7 +72,7 @@ def test_remote_prefill_ttft_is_the_kv_transfer_and_not_scaled_by_load(config: C
 
 def test_load_factor_scales_ttft_and_itl() -> None:
     config = Config(time_to_first_token=0.1, inter_token_latency=0.01, max_num_seqs=5, time_factor_under_load=3.0)
-    engine = Engine(config)
+    engine = build_engine(config)
     jobs = [planned_job(output=2) for _ in range(5)]
     for job in jobs:
         engine.submit(job, 0.0)
@@ -85,7 +87,7 @@ def test_load_factor_scales_ttft_and_itl() -> None:
 
 def test_single_job_runs_at_factor_one() -> None:
     config = Config(time_to_first_token=0.1, inter_token_latency=0.01, max_num_seqs=5, time_factor_under_load=3.0)
-    engine = Engine(config)
+    engine = build_engine(config)
     job = planned_job(output=3)
     engine.submit(job, 0.0)
     run_until_idle(engine)
@@ -102,7 +104,7 @@ def test_jittered_latencies_stay_in_bounds_and_repeat_with_the_seed() -> None:
     )
 
     def run(seed: int) -> list[list[float]]:
-        engine = Engine(config, rng=random.Random(seed))
+        engine = Engine(config.engine, config.latency, rng=random.Random(seed))
         jobs = [planned_job(output=20) for _ in range(50)]
         for job in jobs:
             engine.submit(job, 0.0)
@@ -113,7 +115,7 @@ def test_jittered_latencies_stay_in_bounds_and_repeat_with_the_seed() -> None:
     assert first == run(7)
     assert first != run(8)
     ttfts = [times[0] for times in first]
-    gaps = [b - a for times in first for a, b in zip(times, times[1:])]
+    gaps = [b - a for times in first for a, b in pairwise(times)]
     assert all(0.03 - 1e-12 <= ttft <= 0.17 + 1e-12 for ttft in ttfts)
     assert all(0.003 - 1e-12 <= gap <= 0.017 + 1e-12 for gap in gaps)
     assert len(set(ttfts)) > 40 and len({round(gap, 9) for gap in gaps}) > 100
@@ -123,7 +125,7 @@ def test_seed_from_config_makes_runs_reproducible() -> None:
     config = Config(time_to_first_token=0.1, time_to_first_token_std_dev=0.03, seed=42)
 
     def ttft() -> float | None:
-        engine = Engine(config)
+        engine = build_engine(config)
         job = planned_job(output=1)
         engine.submit(job, 0.0)
         run_until_idle(engine)
@@ -136,7 +138,7 @@ def test_seed_from_config_makes_runs_reproducible() -> None:
 
 
 def test_waiting_jobs_are_admitted_in_fifo_order_when_a_slot_frees() -> None:
-    engine = Engine(Config(time_to_first_token=0.1, inter_token_latency=0.01, max_num_seqs=1))
+    engine = build_engine(Config(time_to_first_token=0.1, inter_token_latency=0.01, max_num_seqs=1))
     first, second, third = (planned_job(output=3) for _ in range(3))
     engine.submit(first, 0.0)
     engine.submit(second, 0.001)
@@ -153,7 +155,7 @@ def test_waiting_jobs_are_admitted_in_fifo_order_when_a_slot_frees() -> None:
 
 
 def test_a_late_step_admits_at_the_time_the_slot_freed() -> None:
-    engine = Engine(Config(time_to_first_token=0.1, max_num_seqs=1))
+    engine = build_engine(Config(time_to_first_token=0.1, max_num_seqs=1))
     first, second = planned_job(output=1), planned_job(output=1)
     engine.submit(first, 0.0)
     engine.submit(second, 0.0)
@@ -163,7 +165,7 @@ def test_a_late_step_admits_at_the_time_the_slot_freed() -> None:
 
 
 def test_full_queue_rejects_and_changes_nothing_else() -> None:
-    engine = Engine(Config(time_to_first_token=0.1, max_num_seqs=1, max_waiting_queue_length=1))
+    engine = build_engine(Config(time_to_first_token=0.1, max_num_seqs=1, max_waiting_queue_length=1))
     running, waiting, refused = planned_job(), planned_job(), planned_job()
     engine.submit(running, 0.0)
     engine.submit(waiting, 0.0)
@@ -183,14 +185,14 @@ def test_full_queue_rejects_and_changes_nothing_else() -> None:
 
 
 def test_zero_length_queue_rejects_as_soon_as_the_slots_are_busy() -> None:
-    engine = Engine(Config(max_num_seqs=1, max_waiting_queue_length=0))
+    engine = build_engine(Config(max_num_seqs=1, max_waiting_queue_length=0))
     engine.submit(planned_job(), 0.0)
     with pytest.raises(QueueFullError):
         engine.submit(planned_job(), 0.0)
 
 
 def test_a_job_cannot_be_submitted_twice() -> None:
-    engine = Engine(Config())
+    engine = build_engine(Config())
     job = planned_job()
     engine.submit(job, 0.0)
     with pytest.raises(ValueError, match="already submitted"):
@@ -203,7 +205,7 @@ CHUNKED = Config(max_num_batched_tokens=100, max_num_seqs=100, inter_token_laten
 
 
 def test_long_prompt_prefills_over_several_periods() -> None:
-    engine = Engine(CHUNKED)
+    engine = build_engine(CHUNKED)
     job = planned_job(prompt=250, output=1)
     engine.submit(job, 0.003)
     assert engine.next_deadline() == pytest.approx(0.01)
@@ -216,7 +218,7 @@ def test_long_prompt_prefills_over_several_periods() -> None:
 
 
 def test_cached_tokens_are_not_prefilled_again() -> None:
-    engine = Engine(CHUNKED)
+    engine = build_engine(CHUNKED)
     job = planned_job(prompt=250, output=1, cached_tokens=150)
     engine.submit(job, 0.003)
     assert job.prefilled_tokens == 150
@@ -225,7 +227,7 @@ def test_cached_tokens_are_not_prefilled_again() -> None:
 
 
 def test_prefill_budget_is_shared_in_fifo_order() -> None:
-    engine = Engine(CHUNKED)
+    engine = build_engine(CHUNKED)
     first, second = planned_job(prompt=150, output=1), planned_job(prompt=150, output=1)
     engine.submit(first, 0.0)
     engine.submit(second, 0.0)
@@ -239,7 +241,7 @@ def test_prefill_budget_is_shared_in_fifo_order() -> None:
 
 
 def test_decoding_jobs_take_one_token_of_each_period() -> None:
-    engine = Engine(CHUNKED)
+    engine = build_engine(CHUNKED)
     decoder = planned_job(prompt=1, output=100)
     engine.submit(decoder, 0.0)
     engine.step(0.01)  # its prompt is prefilled at the period end, and its first token is due
@@ -253,7 +255,7 @@ def test_decoding_jobs_take_one_token_of_each_period() -> None:
 
 
 def test_a_remotely_prefilled_prompt_is_not_prefilled_here() -> None:
-    engine = Engine(attrs.evolve(CHUNKED, kv_cache_transfer_latency=0.005))
+    engine = build_engine(CHUNKED.replace(kv_cache_transfer_latency=0.005))
     job = planned_job(prompt=1000, output=1, remote_prefill=True)
     engine.submit(job, 0.0)
     run_until_idle(engine)
@@ -261,7 +263,7 @@ def test_a_remotely_prefilled_prompt_is_not_prefilled_here() -> None:
 
 
 def test_chunking_never_brings_the_first_token_before_ttft() -> None:
-    engine = Engine(attrs.evolve(CHUNKED, time_to_first_token=0.05))
+    engine = build_engine(CHUNKED.replace(time_to_first_token=0.05))
     job = planned_job(prompt=10, output=1)
     engine.submit(job, 0.0)
     run_until_idle(engine)
@@ -269,7 +271,7 @@ def test_chunking_never_brings_the_first_token_before_ttft() -> None:
 
 
 def test_without_inter_token_latency_prefill_is_bounded_by_ttft_only() -> None:
-    engine = Engine(Config(max_num_batched_tokens=100, max_num_seqs=100, time_to_first_token=0.05))
+    engine = build_engine(Config(max_num_batched_tokens=100, max_num_seqs=100, time_to_first_token=0.05))
     job = planned_job(prompt=100_000, output=1)
     engine.submit(job, 0.0)
     assert engine.next_deadline() == pytest.approx(0.05)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from llmsim.model.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, synthesize_logprobs, token_bytes
@@ -13,7 +14,6 @@ from llmsim.model.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, synthesize_log
 TOKENS = st.lists(st.one_of(st.text(max_size=6), st.sampled_from([" the", ",", ".", "\n", " a", "Hello"])), max_size=20)
 
 
-@settings(max_examples=300, deadline=None)
 @given(TOKENS, st.integers(0, MAX_TOP_LOGPROBS), st.integers(0, 10**6), st.integers(-(2**70), 2**70))
 def test_shape_invariants(tokens: list[str], top_n: int, offset: int, seed: int) -> None:
     values = synthesize_logprobs(tokens, top_n=top_n, position_offset=offset, seed=seed)
@@ -27,12 +27,11 @@ def test_shape_invariants(tokens: list[str], top_n: int, offset: int, seed: int)
             names = [name for name, _ in value.top]
             assert len(set(names)) == top_n  # alternatives differ from the token and from each other
             logprobs = [logprob for _, logprob in value.top]
-            assert all(a > b for a, b in zip(logprobs, logprobs[1:]))
+            assert all(a > b for a, b in pairwise(logprobs))
             assert all(-9999.0 < lp <= 0.0 for lp in logprobs)
             assert sum(math.exp(lp) for lp in logprobs) < 1.0
 
 
-@settings(max_examples=100, deadline=None)
 @given(TOKENS, st.integers(0, MAX_TOP_LOGPROBS), st.integers(0, 10**4), st.integers(0, 2**32))
 def test_streamed_and_whole_responses_carry_identical_values(
     tokens: list[str], top_n: int, offset: int, seed: int
@@ -50,7 +49,7 @@ def test_more_alternatives_only_extend_the_list() -> None:
     few = synthesize_logprobs(tokens, top_n=2, seed=3)
     many = synthesize_logprobs(tokens, top_n=MAX_TOP_LOGPROBS, seed=3)
     assert [(v.token, v.logprob) for v in few] == [(v.token, v.logprob) for v in many]
-    assert all(m.top[:2] == f.top for f, m in zip(few, many))
+    assert all(m.top[:2] == f.top for f, m in zip(few, many, strict=True))
 
 
 def test_values_depend_on_token_position_and_seed() -> None:

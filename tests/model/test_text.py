@@ -14,7 +14,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tokenizers import models, pre_tokenizers, trainers
 
-from llmsim.config import Config
 from llmsim.model.corpus import SENTENCES
 from llmsim.model.text import (
     GeneratedText,
@@ -24,10 +23,11 @@ from llmsim.model.text import (
     unbounded_length,
 )
 from llmsim.model.tokenizer import HFTokenizer, SimTokenizer
+from llmsim.options import ModelOptions
 
 TOKENIZER = SimTokenizer()
-RANDOM = TextGenerator(Config(max_model_len=1024), TOKENIZER)
-ECHO = TextGenerator(Config(mode="echo", max_model_len=1024), TOKENIZER)
+RANDOM = TextGenerator(ModelOptions(max_model_len=1024), TOKENIZER)
+ECHO = TextGenerator(ModelOptions(mode="echo", max_model_len=1024), TOKENIZER)
 
 
 def generate(
@@ -206,7 +206,7 @@ def test_random_text_with_an_hf_tokenizer(tmp_path: Path) -> None:
     word_level.save(str(tmp_path / "tokenizer.json"))
     tokenizer = HFTokenizer.from_path(str(tmp_path))
 
-    out = generate(TextGenerator(Config(), tokenizer), max_tokens=50, ignore_eos=True)
+    out = generate(TextGenerator(ModelOptions(), tokenizer), max_tokens=50, ignore_eos=True)
 
     assert len(out.pieces) == len(out.token_ids) == 50
     assert is_corpus_text(out.text)

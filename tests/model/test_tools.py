@@ -54,7 +54,7 @@ def test_named_makes_exactly_one_call_of_that_tool() -> None:
 
 
 def test_named_tool_must_exist() -> None:
-    with pytest.raises(ToolChoiceError, match="'lookup'.*not in 'tools'.*'get_weather'"):
+    with pytest.raises(ToolChoiceError, match=r"'lookup'.*not in 'tools'.*'get_weather'"):
         plan_tool_calls(TOOLS, NamedToolChoice("lookup"), random.Random(0), options=DEFAULT)
 
 
@@ -137,8 +137,8 @@ def test_tool_spec_build_validates_with_the_tools_path() -> None:
         ({"min_tool_call_integer_param": 5, "max_tool_call_integer_param": 4}, "min-tool-call-integer-param"),
         ({"min_tool_call_number_param": 1.5, "max_tool_call_number_param": 1.0}, "max-tool-call-number-param"),
         ({"min_tool_call_array_param_length": 6}, "array-param-length"),
-        ({"max_tool_call_array_param_length": -1}, "max-tool-call-array-param-length must be >= 0"),
-        ({"tool_call_extra_call_probability": 101}, "tool-call-extra-call-probability must be a percentage"),
+        ({"max_tool_call_array_param_length": -1}, "max-tool-call-array-param-length: must be >= 0"),
+        ({"tool_call_extra_call_probability": 101}, "tool-call-extra-call-probability: must be a percentage"),
         ({"tool_call_not_required_param_probability": -1}, "percentage"),
     ],
 )

@@ -17,7 +17,7 @@ import trio.testing
 from h2.settings import SettingCodes, Settings
 from hyperframe.frame import Frame, GoAwayFrame
 
-from llmsim.api.http import HttpRequest, ResponseStream
+from llmsim.api.http import Application, HttpRequest, ResponseStream
 from llmsim.protocol.native.connection import Connection
 from llmsim.protocol.settings import ConnectionTracker, ProtocolSettings
 
@@ -133,7 +133,7 @@ class MemoryConnection:
 
 @asynccontextmanager
 async def open_memory_connection(
-    app: TestApp,
+    app: Application,
     protocol_settings: ProtocolSettings | None = None,
     *,
     pair: Callable[

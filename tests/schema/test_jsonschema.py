@@ -23,10 +23,9 @@ from llmsim.model.tools import ToolCallOptions, ToolSchemaError, arguments_json,
 Schema = dict[str, Any]
 PATH = "tools[0].function.parameters"
 SEEDS = range(8)
-
-
-def examples(count: int) -> settings:
-    return settings(max_examples=count, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+DEFAULT_OPTIONS = ToolCallOptions()
+# Drawing a nested schema takes long enough to trip Hypothesis's too_slow health check.
+SLOW_TO_DRAW = settings(suppress_health_check=[HealthCheck.too_slow])
 
 
 NAMES = st.sampled_from(["city", "unit", "days", "a", "b", "x y", "ünï"])
@@ -60,7 +59,7 @@ def validate(schema: object, *values: object) -> None:
         validator.validate(value)
 
 
-def generate_all(schema: object, options: ToolCallOptions = ToolCallOptions(), seeds: range = SEEDS) -> list[object]:
+def generate_all(schema: object, options: ToolCallOptions = DEFAULT_OPTIONS, seeds: range = SEEDS) -> list[object]:
     compiled = compile_schema(schema, path=PATH)
     return [compiled.generate(random.Random(seed), options) for seed in seeds]
 
@@ -228,7 +227,7 @@ def friendly_schemas(draw: st.DrawFn) -> Schema:
     return root
 
 
-@examples(120)
+@SLOW_TO_DRAW
 @given(friendly_schemas())
 def test_friendly_schemas_compile_and_generate_valid_arguments(schema: Schema) -> None:
     jsonschema.Draft202012Validator.check_schema(schema)
@@ -237,7 +236,7 @@ def test_friendly_schemas_compile_and_generate_valid_arguments(schema: Schema) -
     assert all(json.loads(arguments_json(value)) == value for value in values)
 
 
-@examples(50)
+@SLOW_TO_DRAW
 @given(friendly_schemas(), st.integers(0, 100), st.integers(0, 100), st.integers(0, 8), st.integers(0, 8))
 def test_options_never_break_validity(schema: Schema, optional: int, nested: int, low: int, extra: int) -> None:
     options = ToolCallOptions(
@@ -308,7 +307,7 @@ def wild_schemas(draw: st.DrawFn) -> object:
     return root
 
 
-@examples(250)
+@SLOW_TO_DRAW
 @given(wild_schemas())
 def test_wild_schemas_are_refused_cleanly_or_generate_valid_arguments(schema: object) -> None:
     try:

@@ -20,7 +20,7 @@ async def health(call: Call) -> None:
 async def ready(call: Call) -> None:
     """503 until the configured start-up duration has passed, then 200."""
     ctx = call.ctx
-    remaining = ctx.started_at + ctx.config.startup_duration - ctx.clock()
+    remaining = ctx.started_at + ctx.startup_duration - ctx.clock()
     if remaining > 0:
         raise ApiError(503, f"The server is starting up; ready in {remaining:.3f}s")
     call.respond(200, b"", _EMPTY_HEADERS)
@@ -33,7 +33,7 @@ async def version(call: Call) -> None:
 async def models(call: Call) -> None:
     """vLLM's model cards: one per served model name, ``root`` the model path."""
     ctx = call.ctx
-    config = ctx.config
+    model = ctx.model
     created = int(ctx.wall_clock())
     cards = [
         {
@@ -41,11 +41,11 @@ async def models(call: Call) -> None:
             "object": "model",
             "created": created,
             "owned_by": "vllm",
-            "root": config.model,
+            "root": model.name,
             "parent": None,
-            "max_model_len": config.max_model_len,
+            "max_model_len": model.max_model_len,
         }
-        for name in config.model_names
+        for name in model.model_names
     ]
     call.respond_json({"object": "list", "data": cards})
 

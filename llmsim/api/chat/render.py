@@ -18,7 +18,8 @@ argument token, ``"delta":{"tool_calls":[{"index":k,"function":{"arguments":"…
 id, type and name are never repeated, since the openai SDK's ``.stream()`` helper
 concatenates every string it sees twice.  Its finish chunk says ``tool_calls``.  With
 ``logprobs`` each token's chunk carries ``{"content":[<entry>]}`` instead of ``null``.
-"""
+An error after the stream began ends it with vLLM's ``data: {"error": …}`` and ``[DONE]``.
+"""  # noqa: E501 (the chunks above are quoted whole)
 
 from __future__ import annotations
 
@@ -26,9 +27,10 @@ from collections.abc import Sequence
 
 import attrs
 
+from llmsim.api.errors import ApiError
 from llmsim.api.logprobs_format import ChatLogprobs
-from llmsim.api.sse import DONE_EVENT, chunk_head, escape, escape_uncached, json_bytes
-from llmsim.api.turns import Block
+from llmsim.api.plan import Block
+from llmsim.api.sse import DONE_EVENT, chunk_head, error_events, escape, escape_uncached, json_bytes
 from llmsim.api.usage import Usage
 from llmsim.engine.job import Job, JobState
 
@@ -120,8 +122,11 @@ class ChatStreamRenderer:
         """Per choice, its pre-rendered tool-call chunks (None: it answers with text)."""
         return [
             _CallChunks.of(choice_head, calls) if calls else None
-            for choice_head, calls in zip(self._choice_heads, tool_calls)
+            for choice_head, calls in zip(self._choice_heads, tool_calls, strict=True)
         ]
+
+    def head(self) -> bytes:
+        return b""  # the role chunk goes out with the first token, after TTFT
 
     def render(self, job: Job, start: int, stop: int) -> bytes:
         """The events for ``job.output[start:stop]``: the role chunk (and the echoed
@@ -166,6 +171,9 @@ class ChatStreamRenderer:
             return DONE_EVENT
         usage = Usage.of(jobs, choices_per_prompt=len(self._choice_heads))
         return self._usage_head + json_bytes(usage.as_dict()) + b"}\n\n" + DONE_EVENT
+
+    def error(self, error: ApiError) -> bytes:
+        return error_events(error)
 
 
 def chat_completion_body(

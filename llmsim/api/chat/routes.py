@@ -3,22 +3,21 @@
 from __future__ import annotations
 
 from llmsim.api.chat.render import ChatStreamRenderer, chat_completion_body
-from llmsim.api.chat.tools import call_blocks, plan_choices, tool_specs
+from llmsim.api.chat.request import (
+    ChatCompletionRequest,
+    assistant_echo,
+    chat_prompt_ids,
+    last_user_text,
+    parse_chat_request,
+)
+from llmsim.api.chat.tools import plan_choices, tool_specs
 from llmsim.api.context import ApiContext, Call
 from llmsim.api.errors import JSON_HEADERS
-from llmsim.api.generation import (
-    GenerationPlan,
-    PromptPlan,
-    RequestIdentity,
-    check_job_count,
-    generate_all,
-    generate_stream,
-)
+from llmsim.api.generation import RequestIdentity, check_job_count, collect, stream
 from llmsim.api.logprobs_format import ChatLogprobs, choice_seed
-from llmsim.api.prompts import assistant_echo, chat_prompt_ids, check_context_length, last_user_text
-from llmsim.api.requests import ChatCompletionRequest, parse_chat_request
+from llmsim.api.plan import GenerationPlan, PromptPlan, TurnPlan, output_cap, plan_text_choices
+from llmsim.api.prompts import check_context_length
 from llmsim.api.router import Router
-from llmsim.api.turns import TurnPlan
 from llmsim.model.tools import ToolSpec
 
 __all__ = ["chat_completions", "register"]
@@ -33,23 +32,22 @@ async def chat_completions(call: Call) -> None:
     prompt_ids = chat_prompt_ids(ctx.tokenizer, request.messages, request.tools)
     max_tokens = request.requested_max_tokens
     check_context_length(
-        ctx.config.max_model_len, len(prompt_ids), max_tokens, max_tokens_param=request.max_tokens_param
+        ctx.model.max_model_len, len(prompt_ids), max_tokens, max_tokens_param=request.max_tokens_param
     )
     identity = RequestIdentity.of(call, "chatcmpl-")
     echo_text = last_user_text(request.messages)
-    outputs = _tool_turns(ctx, request, tools, identity.request_id, len(prompt_ids), max_tokens, echo_text)
+    calling = bool(tools) and request.effective_tool_choice != "none"
+    turns = _plan_turns(ctx, request, tools if calling else [], identity.request_id, len(prompt_ids), echo_text)
     plan = GenerationPlan(
-        request_id=identity.request_id,
-        prompts=(PromptPlan(prompt_ids, echo_text),),
-        choices_per_prompt=request.choices_per_prompt,
-        max_tokens=max_tokens,
-        ignore_eos=bool(request.ignore_eos),
-        outputs=outputs,
+        identity.request_id,
+        (PromptPlan(prompt_ids, output_cap(ctx, len(prompt_ids), max_tokens)),),
+        turns,
+        request.choices_per_prompt,
     )
-    tool_calls = None if outputs is None else [call_blocks(output) for output in outputs]
+    tool_calls = [turn.tool_calls for turn in turns] if calling else None
     logprobs = None
     if request.logprobs:
-        seeds = [choice_seed(ctx.config.seed, identity.request_id, i) for i in range(plan.job_count)]
+        seeds = [choice_seed(ctx.model.seed, identity.request_id, i) for i in range(len(turns))]
         logprobs = ChatLogprobs(request.top_logprobs or 0, seeds)
     created = int(ctx.wall_clock())
     echo = assistant_echo(request.messages) if request.echo else None
@@ -58,15 +56,15 @@ async def chat_completions(call: Call) -> None:
             response_id=identity.response_id,
             created=created,
             model=model,
-            choices=plan.job_count,
+            choices=len(turns),
             include_usage=request.include_usage,
             echo=echo,
             tool_calls=tool_calls,
             logprobs=logprobs,
         )
-        await generate_stream(call, plan, renderer, identity.headers)
+        await stream(call, plan, renderer, identity.headers)
         return
-    jobs = await generate_all(call, plan)
+    jobs = await collect(call, plan)
     body = chat_completion_body(
         response_id=identity.response_id,
         created=created,
@@ -79,30 +77,36 @@ async def chat_completions(call: Call) -> None:
     call.respond(200, body, (*JSON_HEADERS, *identity.headers))
 
 
-def _tool_turns(
+def _plan_turns(
     ctx: ApiContext,
     request: ChatCompletionRequest,
     tools: list[ToolSpec],
     request_id: str,
     prompt_tokens: int,
-    max_tokens: int | None,
     echo_text: str,
-) -> list[TurnPlan] | None:
-    """Each choice's tool calls or text, when tools may be called; else None (the
-    generation flow plans text as for any request)."""
-    choice = request.effective_tool_choice
-    if not tools or choice == "none":
-        return None
+) -> list[TurnPlan]:
+    """What each choice says: tool calls or text when ``tools`` may be called, else text."""
+    max_tokens = request.requested_max_tokens
+    ignore_eos = bool(request.ignore_eos)
+    if not tools:
+        return plan_text_choices(
+            ctx,
+            request_id,
+            ((prompt_tokens, echo_text),),
+            choices_per_prompt=request.choices_per_prompt,
+            max_tokens=max_tokens,
+            ignore_eos=ignore_eos,
+        )
     return plan_choices(
         ctx,
         tools,
-        choice,
+        request.effective_tool_choice,
         request_id=request_id,
         choices=request.choices_per_prompt,
         parallel_tool_calls=request.parallel_tool_calls is not False,
         prompt_tokens=prompt_tokens,
         max_tokens=max_tokens,
-        ignore_eos=bool(request.ignore_eos),
+        ignore_eos=ignore_eos,
         echo_text=echo_text,
     )
 

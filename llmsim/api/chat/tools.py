@@ -13,15 +13,15 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+from llmsim.api.chat.request import ChatTool
 from llmsim.api.context import ApiContext
 from llmsim.api.errors import ApiError
-from llmsim.api.requests import ChatTool
-from llmsim.api.tool_support import planning_errors, tool_options
-from llmsim.api.turns import TOOL_CALL, Block, TurnPlan, output_cap, plan_text, plan_tool_calls
+from llmsim.api.plan import TurnPlan, output_cap, plan_text, plan_tool_calls
+from llmsim.api.tool_support import planning_errors
 from llmsim.model.tools import ToolChoice, ToolSchemaError, ToolSpec
 from llmsim.model.tools import plan_tool_calls as choose_calls
 
-__all__ = ["call_blocks", "plan_choices", "tool_call_id", "tool_specs"]
+__all__ = ["plan_choices", "tool_call_id", "tool_specs"]
 
 
 def tool_specs(tools: Sequence[ChatTool] | None) -> list[ToolSpec]:
@@ -57,7 +57,7 @@ def plan_choices(
 ) -> list[TurnPlan]:
     """What each choice says: its tool calls (at most one without
     ``parallel_tool_calls``), or text when the engine chose none."""
-    options = tool_options(ctx.config)
+    options = ctx.tool_calls
     cap = output_cap(ctx, prompt_tokens, max_tokens)
     plans = []
     for index in range(choices):
@@ -72,8 +72,3 @@ def plan_choices(
             )
             plans.append(text)
     return plans
-
-
-def call_blocks(plan: TurnPlan) -> tuple[Block, ...]:
-    """The tool calls of a choice's plan (none: it answers with text)."""
-    return tuple(block for block in plan.blocks if block.kind == TOOL_CALL)

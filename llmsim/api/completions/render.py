@@ -9,15 +9,17 @@ token::
 then, with ``stream_options.include_usage``, a ``"choices":[]`` usage chunk, then
 ``data: [DONE]``.  Choice ``i`` answers prompt ``i // n``; with ``echo: true`` its
 first chunk starts with that prompt's text.  With ``logprobs`` each chunk carries the
-logprobs of its tokens (the echoed prompt's too) instead of ``null``.
-"""
+logprobs of its tokens (the echoed prompt's too) instead of ``null``.  An error after
+the stream began ends it with vLLM's ``data: {"error": …}`` and ``[DONE]``.
+"""  # noqa: E501 (the chunk above is quoted whole)
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from llmsim.api.errors import ApiError
 from llmsim.api.logprobs_format import CompletionLogprobs
-from llmsim.api.sse import DONE_EVENT, chunk_head, escape, escape_uncached, json_bytes
+from llmsim.api.sse import DONE_EVENT, chunk_head, error_events, escape, escape_uncached, json_bytes
 from llmsim.api.usage import Usage
 from llmsim.engine.job import Job, JobState
 
@@ -62,6 +64,9 @@ class CompletionStreamRenderer:
         self._echo_prompts = None if echo_prompts is None else [escape_uncached(text) for text in echo_prompts]
         self._logprobs = logprobs
 
+    def head(self) -> bytes:
+        return b""  # nothing goes out before the first token
+
     def render(self, job: Job, start: int, stop: int) -> bytes:
         """One chunk per token of ``job.output[start:stop]``; the last token's chunk
         carries the finish_reason (a job with no tokens still gets that one chunk)."""
@@ -103,6 +108,9 @@ class CompletionStreamRenderer:
             return DONE_EVENT
         usage = Usage.of(jobs, self._choices_per_prompt)
         return self._usage_head + json_bytes(usage.as_dict()) + b"}\n\n" + DONE_EVENT
+
+    def error(self, error: ApiError) -> bytes:
+        return error_events(error)
 
 
 def completion_body(

@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 from llmsim.api.completions.render import CompletionStreamRenderer, completion_body
+from llmsim.api.completions.request import CompletionRequest, parse_completion_request
 from llmsim.api.context import ApiContext, Call
 from llmsim.api.errors import JSON_HEADERS
-from llmsim.api.generation import (
-    GenerationPlan,
-    PromptPlan,
-    RequestIdentity,
-    check_job_count,
-    generate_all,
-    generate_stream,
-)
+from llmsim.api.generation import RequestIdentity, check_job_count, collect, stream
 from llmsim.api.logprobs_format import CompletionLogprobs, EchoedPrompt, choice_seed
+from llmsim.api.plan import GenerationPlan, PromptPlan, output_cap, plan_text_choices
 from llmsim.api.prompts import CompletionPrompt, check_context_length, completion_prompts
-from llmsim.api.requests import CompletionRequest, parse_completion_request
 from llmsim.api.router import Router
 
 __all__ = ["completions", "register"]
@@ -29,33 +23,40 @@ async def completions(call: Call) -> None:
     check_job_count(ctx, len(prompts) * request.choices_per_prompt)
     max_tokens = request.requested_max_tokens
     for prompt in prompts:
-        check_context_length(ctx.config.max_model_len, len(prompt.token_ids), max_tokens)
+        check_context_length(ctx.model.max_model_len, len(prompt.token_ids), max_tokens)
     identity = RequestIdentity.of(call, "cmpl-")
     n = request.choices_per_prompt
-    plan = GenerationPlan(
-        request_id=identity.request_id,
-        prompts=tuple(PromptPlan(prompt.token_ids, prompt.echo_text) for prompt in prompts),
+    turns = plan_text_choices(
+        ctx,
+        identity.request_id,
+        [(len(prompt.token_ids), prompt.echo_text) for prompt in prompts],
         choices_per_prompt=n,
         max_tokens=max_tokens,
         ignore_eos=bool(request.ignore_eos),
     )
+    plan = GenerationPlan(
+        identity.request_id,
+        [PromptPlan(prompt.token_ids, output_cap(ctx, len(prompt.token_ids), max_tokens)) for prompt in prompts],
+        turns,
+        n,
+    )
     created = int(ctx.wall_clock())
     echo_prompts = [prompt.text for prompt in prompts] if request.echo else None
-    logprobs = _logprobs(ctx, request, prompts, identity.request_id, plan.job_count)
+    logprobs = _logprobs(ctx, request, prompts, identity.request_id, len(turns))
     if request.streaming:
         renderer = CompletionStreamRenderer(
             response_id=identity.response_id,
             created=created,
             model=model,
-            choices=plan.job_count,
+            choices=len(turns),
             choices_per_prompt=n,
             include_usage=request.include_usage,
             echo_prompts=echo_prompts,
             logprobs=logprobs,
         )
-        await generate_stream(call, plan, renderer, identity.headers)
+        await stream(call, plan, renderer, identity.headers)
         return
-    jobs = await generate_all(call, plan)
+    jobs = await collect(call, plan)
     body = completion_body(
         response_id=identity.response_id,
         created=created,
@@ -75,7 +76,7 @@ def _logprobs(
     listed too, each decoded on its own as vLLM does."""
     if request.logprobs is None:
         return None
-    seed = ctx.config.seed
+    seed = ctx.model.seed
     echoed = None
     if request.echo:
         decode = ctx.tokenizer.decode

@@ -23,9 +23,8 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 from llmsim.api.errors import ApiError, anthropic_error_type
-from llmsim.api.event_stream import event_bytes
-from llmsim.api.sse import escape, json_bytes
-from llmsim.api.turns import TEXT, TurnPlan
+from llmsim.api.plan import TEXT, TurnPlan
+from llmsim.api.sse import escape, event_bytes, json_bytes
 from llmsim.engine.job import Job, JobState
 from llmsim.model.text import FinishReason
 

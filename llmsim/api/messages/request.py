@@ -13,9 +13,9 @@ from typing import Any
 import attrs
 
 from llmsim.api.errors import ApiError
+from llmsim.api.prompts import MEDIA, tool_call_text, tools_turn
 from llmsim.api.structure import FieldTypeError, converter, structure
 from llmsim.api.tool_support import FunctionTool, build_tool
-from llmsim.api.turns import MEDIA, tool_call_text, tools_turn
 from llmsim.model.tokenizer import ChatTurn
 from llmsim.model.tools import NamedToolChoice, ToolChoice
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from llmsim.api.context import Call
 from llmsim.api.errors import JSON_HEADERS
-from llmsim.api.event_stream import collect_job, stream_job
-from llmsim.api.generation import RequestIdentity
+from llmsim.api.generation import RequestIdentity, collect, stream
 from llmsim.api.messages.render import (
     MessageShell,
     MessagesStreamRenderer,
@@ -25,18 +24,10 @@ from llmsim.api.messages.request import (
     parse_messages_request,
     tool_choice_of,
 )
-from llmsim.api.prompts import check_context_length
+from llmsim.api.plan import GenerationPlan, PromptPlan, cut_at_stop, output_cap, plan_text, plan_tool_calls
+from llmsim.api.prompts import check_context_length, prompt_ids
 from llmsim.api.router import ErrorStyle, Router
-from llmsim.api.tool_support import planning_errors, tool_options
-from llmsim.api.turns import (
-    cut_at_stop,
-    make_job,
-    output_cap,
-    plan_text,
-    plan_tool_calls,
-    prompt_ids,
-)
-from llmsim.engine.job import Job, JobSink
+from llmsim.api.tool_support import planning_errors
 from llmsim.model.tools import plan_tool_calls as plan_tool_calls_of
 
 __all__ = ["count_tokens", "create_message", "register"]
@@ -48,8 +39,8 @@ async def create_message(call: Call) -> None:
     model = ctx.resolve_model(request.model)
     tools = function_tools(request.tools)
     choice = tool_choice_of(request.tool_choice, tools)
-    prompt = prompt_ids(ctx, conversation_turns(request, tools))
-    check_context_length(ctx.config.max_model_len, len(prompt), request.max_tokens)
+    prompt = prompt_ids(ctx.tokenizer, conversation_turns(request, tools))
+    check_context_length(ctx.model.max_model_len, len(prompt), request.max_tokens)
 
     identity = RequestIdentity.of(call, "msg_")
     request_id = identity.request_id
@@ -58,9 +49,7 @@ async def create_message(call: Call) -> None:
     if tools:
         specs = [tool.spec for tool in tools]
         with planning_errors():
-            planned = plan_tool_calls_of(
-                specs, choice.choice, ctx.rng_for(request_id, 1), options=tool_options(ctx.config)
-            )
+            planned = plan_tool_calls_of(specs, choice.choice, ctx.rng_for(request_id, 1), options=ctx.tool_calls)
         if choice.single:
             planned = planned[:1]
     calls = [(call.name, f"toolu_{request_id}_{i}", call.arguments) for i, call in enumerate(planned)]
@@ -78,14 +67,11 @@ async def create_message(call: Call) -> None:
         )
         plan, stop_sequence = cut_at_stop(plan, request.stop_sequences or ())
     shell = MessageShell(identity.response_id, model, stop_sequence)
-
-    def job_for(sink: JobSink) -> Job:
-        return make_job(plan, prompt, sink, request_id=request_id, cap=cap)
-
+    generation = GenerationPlan.single(request_id, PromptPlan(prompt, cap), plan)
     if request.streaming:
-        await stream_job(call, job_for, MessagesStreamRenderer(shell=shell, plan=plan), identity.headers)
+        await stream(call, generation, MessagesStreamRenderer(shell=shell, plan=plan), identity.headers)
         return
-    job = await collect_job(call, job_for)
+    [job] = await collect(call, generation)
     call.respond(200, message_body(shell, plan, job), (*JSON_HEADERS, *identity.headers))
 
 
@@ -96,7 +82,7 @@ async def count_tokens(call: Call) -> None:
     ctx.resolve_model(request.model)
     tools = function_tools(request.tools)
     tool_choice_of(request.tool_choice, tools)
-    call.respond_json({"input_tokens": len(prompt_ids(ctx, conversation_turns(request, tools)))})
+    call.respond_json({"input_tokens": len(prompt_ids(ctx.tokenizer, conversation_turns(request, tools)))})
 
 
 def register(router: Router) -> None:

@@ -30,9 +30,8 @@ import attrs
 import orjson
 
 from llmsim.api.errors import ApiError
-from llmsim.api.event_stream import event_bytes
-from llmsim.api.sse import escape, json_bytes
-from llmsim.api.turns import TEXT, Block, TurnPlan
+from llmsim.api.plan import TEXT, Block, TurnPlan
+from llmsim.api.sse import escape, event_bytes, json_bytes
 from llmsim.engine.job import Job, JobState
 from llmsim.model.logprobs import synthesize_logprobs, token_bytes
 

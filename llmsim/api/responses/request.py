@@ -15,10 +15,10 @@ from typing import Any
 import attrs
 
 from llmsim.api.errors import ApiError
-from llmsim.api.requests import InputAudio, MediaUrl
+from llmsim.api.prompts import MEDIA, tool_call_text
+from llmsim.api.request_fields import InputAudio, MediaUrl
 from llmsim.api.structure import FieldTypeError, converter, structure
 from llmsim.api.tool_support import FunctionTool, build_tool, compile_parameters
-from llmsim.api.turns import MEDIA, tool_call_text
 from llmsim.model.tokenizer import ChatTurn
 from llmsim.model.tools import CompiledSchema
 

@@ -17,10 +17,19 @@ from typing import Any
 
 from llmsim.api.context import ApiContext, Call
 from llmsim.api.errors import JSON_HEADERS, ApiError
-from llmsim.api.event_stream import collect_job, stream_job
-from llmsim.api.generation import RequestIdentity
+from llmsim.api.generation import RequestIdentity, collect, stream
 from llmsim.api.logprobs_format import choice_seed
-from llmsim.api.prompts import check_context_length
+from llmsim.api.plan import (
+    TEXT,
+    GenerationPlan,
+    PromptPlan,
+    TurnPlan,
+    output_cap,
+    plan_fixed_text,
+    plan_text,
+    plan_tool_calls,
+)
+from llmsim.api.prompts import check_context_length, prompt_ids, tool_call_text, tools_turn
 from llmsim.api.responses.render import (
     ResponseShell,
     ResponsesStreamRenderer,
@@ -36,23 +45,10 @@ from llmsim.api.responses.request import (
     parse_responses_request,
     tool_choice_of,
 )
-from llmsim.api.responses.store import StoredResponse, not_found, store_of
+from llmsim.api.responses.store import StoredResponse, not_found
 from llmsim.api.router import Router
 from llmsim.api.sse import json_bytes
-from llmsim.api.tool_support import planning_errors, tool_options
-from llmsim.api.turns import (
-    TEXT,
-    TurnPlan,
-    make_job,
-    output_cap,
-    plan_fixed_text,
-    plan_text,
-    plan_tool_calls,
-    prompt_ids,
-    tool_call_text,
-    tools_turn,
-)
-from llmsim.engine.job import Job, JobSink
+from llmsim.api.tool_support import planning_errors
 from llmsim.model.tokenizer import ChatTurn
 from llmsim.model.tools import (
     NamedToolChoice,
@@ -71,7 +67,7 @@ async def create_response(call: Call) -> None:
     body = call.json()
     request = parse_responses_request(body)
     model = ctx.resolve_model(request.model)
-    store = store_of(ctx)
+    store = ctx.response_store
     previous = None
     if request.previous_response_id is not None:
         previous = store.get(request.previous_response_id)
@@ -93,9 +89,9 @@ async def create_response(call: Call) -> None:
         turns.append(tools_turn([tool.definition for tool in tools]))
     turns.extend(history)
     turns.extend(conversation.turns)
-    prompt = prompt_ids(ctx, turns)
+    prompt = prompt_ids(ctx.tokenizer, turns)
     check_context_length(
-        ctx.config.max_model_len, len(prompt), request.max_output_tokens, max_tokens_param="max_output_tokens"
+        ctx.model.max_model_len, len(prompt), request.max_output_tokens, max_tokens_param="max_output_tokens"
     )
 
     identity = RequestIdentity.of(call, "resp_")
@@ -109,7 +105,7 @@ async def create_response(call: Call) -> None:
                 [tool.spec for tool in tools],
                 engine_choice,
                 ctx.rng_for(request_id, 1),
-                options=tool_options(ctx.config),
+                options=ctx.tool_calls,
             )
         assert call_plan is not None  # tools present, choice not "none"
         plan = plan_tool_calls(ctx, [(call_plan.name, ids.call_id, call_plan.arguments)], cap)
@@ -119,7 +115,7 @@ async def create_response(call: Call) -> None:
         )
     logprobs = None
     if request.wants_logprobs and plan.blocks[0].kind == TEXT:
-        logprobs = TokenLogprobs(request.top_logprobs or 0, choice_seed(ctx.config.seed, request_id, 0))
+        logprobs = TokenLogprobs(request.top_logprobs or 0, choice_seed(ctx.model.seed, request_id, 0))
 
     shell = ResponseShell(
         response_id=identity.response_id,
@@ -142,19 +138,16 @@ async def create_response(call: Call) -> None:
         service_tier=request.service_tier or "auto",
         max_tool_calls=request.max_tool_calls,
     )
-
-    def job_for(sink: JobSink) -> Job:
-        return make_job(plan, prompt, sink, request_id=request_id, cap=cap)
-
+    generation = GenerationPlan.single(request_id, PromptPlan(prompt, cap), plan)
     if request.streaming:
         renderer = ResponsesStreamRenderer(shell=shell, plan=plan, ids=ids, logprobs=logprobs, clock=ctx.wall_clock)
-        await stream_job(call, job_for, renderer, identity.headers)
+        await stream(call, generation, renderer, identity.headers)
         final = renderer.final
         if final is None:
             return
         response_body = json_bytes(final)
     else:
-        job = await collect_job(call, job_for)
+        [job] = await collect(call, generation)
         response_body = json_bytes(final_response(shell, plan, ids, job, logprobs, int(ctx.wall_clock())))
         call.respond(200, response_body, (*JSON_HEADERS, *identity.headers))
     if request.storing:
@@ -183,7 +176,7 @@ def _plan_message(
     rng = ctx.rng_for(request_id)
     if format_type == "json_schema":
         with planning_errors():
-            value = schema.generate(ctx.rng_for(request_id, 1), tool_options(ctx.config))
+            value = schema.generate(ctx.rng_for(request_id, 1), ctx.tool_calls)
         return plan_fixed_text(ctx, arguments_json(value), cap)
     ignore_eos = bool(request.ignore_eos)
     if format_type == "json_object":
@@ -211,20 +204,20 @@ def _output_turn(plan: TurnPlan, call_id: str) -> ChatTurn:
 
 
 async def retrieve_response(call: Call) -> None:
-    entry = store_of(call.ctx).require(call.params["response_id"])
+    entry = call.ctx.response_store.require(call.params["response_id"])
     call.respond(200, entry.body)
 
 
 async def delete_response(call: Call) -> None:
     response_id = call.params["response_id"]
-    if not store_of(call.ctx).delete(response_id):
+    if not call.ctx.response_store.delete(response_id):
         raise not_found(response_id)
     call.respond_json({"id": response_id, "object": "response", "deleted": True})
 
 
 async def cancel_response(call: Call) -> None:
     """Only background responses can be cancelled, and llmsim runs none (vLLM's 400)."""
-    store_of(call.ctx).require(call.params["response_id"])
+    call.ctx.response_store.require(call.params["response_id"])
     raise ApiError(400, "Cannot cancel a synchronous response.", param="response_id")
 
 

@@ -5,23 +5,21 @@ A stored response keeps the exact bytes of the response object (what GET returns
 its conversation as chat turns — the history a continuation is prompted with (input
 plus output, without ``instructions``, which OpenAI does not carry over).
 
-One store per simulator, attached to its :class:`~llmsim.api.context.ApiContext`
-without a field on it (a weak-keyed table), so a simulator's store lives and dies
-with it.
+State owned by the simulator: each :class:`~llmsim.app.Simulator` creates one store
+with its :class:`~llmsim.api.context.ApiContext`, and handlers reach it as
+``ctx.response_store``; two simulators in one process share nothing.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections import OrderedDict
 
 import attrs
 
-from llmsim.api.context import ApiContext
 from llmsim.api.errors import ApiError
 from llmsim.model.tokenizer import ChatTurn
 
-__all__ = ["DEFAULT_CAPACITY", "ResponseStore", "StoredResponse", "not_found", "store_of"]
+__all__ = ["DEFAULT_CAPACITY", "ResponseStore", "StoredResponse", "not_found"]
 
 DEFAULT_CAPACITY = 10_000
 
@@ -77,14 +75,3 @@ def not_found(response_id: str) -> ApiError:
     return ApiError(
         404, f"Response with id '{response_id}' not found.", param="response_id", error_type="invalid_request_error"
     )
-
-
-_stores: weakref.WeakKeyDictionary[ApiContext, ResponseStore] = weakref.WeakKeyDictionary()
-
-
-def store_of(ctx: ApiContext) -> ResponseStore:
-    """The store of ``ctx``'s simulator (created on first use)."""
-    store = _stores.get(ctx)
-    if store is None:
-        store = _stores[ctx] = ResponseStore()
-    return store

@@ -22,25 +22,23 @@ disconnect seen before it begins means it is never sent.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
 
-from llmsim.api.errors import JSON_HEADERS, error_body
 from llmsim.api.http import Application, HttpRequest
 from llmsim.protocol.asgi.stream import AsgiResponseStream
 from llmsim.protocol.settings import ConnectionTracker
 
+if TYPE_CHECKING:  # the ASGI message types; hypercorn itself loads only when served
+    from hypercorn.typing import ASGIReceiveCallable as Receive
+    from hypercorn.typing import ASGISendCallable as Send
+    from hypercorn.typing import HTTPScope, Scope
+
 __all__ = ["AsgiApp", "request_from_scope"]
 
 log = logging.getLogger("llmsim.protocol.asgi.app")
-
-Message = Mapping[str, Any]
-Scope = Mapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 
 class _ClientGone(Exception):
@@ -66,17 +64,16 @@ class AsgiApp:
     final_send_timeout: float = 5.0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind = scope["type"]
-        if kind == "http":
+        if scope["type"] == "http":
             await self._http(scope, receive, send)
-        elif kind == "lifespan":
+        elif scope["type"] == "lifespan":
             await _lifespan(receive, send)
-        elif kind == "websocket":
-            await send({"type": "websocket.close"})
+        elif scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1000, "reason": None})  # ASGI's defaults
         else:
-            raise ValueError(f"unsupported ASGI scope type {kind!r}")
+            raise ValueError(f"unsupported ASGI scope type {scope['type']!r}")
 
-    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _http(self, scope: HTTPScope, receive: Receive, send: Send) -> None:
         """One request, counted.  ASGI hides connections from the app, so each request
         counts as a connection of its own in ``open_connections``."""
         self.tracker.connection_opened()
@@ -88,7 +85,7 @@ class AsgiApp:
             self.tracker.stream_closed()
             self.tracker.connection_closed()
 
-    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> bool:
+    async def _serve(self, scope: HTTPScope, receive: Receive, send: Send) -> bool:
         """Answer one request; True if the response was sent to its end."""
         try:
             body = await _read_body(receive, self.max_body_size)
@@ -96,7 +93,7 @@ class AsgiApp:
             return False
         if body is None:
             stream = AsgiResponseStream()
-            _respond_error(stream, 413, f"Request body too large: the limit is {self.max_body_size} bytes.")
+            stream.respond_error(413, f"Request body too large: the limit is {self.max_body_size} bytes.")
             return await self._pump_until_disconnect(stream, receive, send)
         return await self._respond(request_from_scope(scope, body), receive, send)
 
@@ -118,24 +115,26 @@ class AsgiApp:
     async def _run_handler(self, request: HttpRequest, stream: AsgiResponseStream) -> None:
         """``app.handle``, with a 500 for a handler that fails or forgets to answer.
 
-        A handler that fails after deciding its head is left to raise: only the server
-        can abort a started response (hypercorn logs it and cuts the stream).
+        A handler that fails after deciding its head has its response closed here and
+        is left to raise: only the server can abort a started response on the wire
+        (hypercorn logs it and cuts the stream).
         """
         try:
             with stream.cancel_scope:
                 await self.app.handle(request, stream)
         except Exception:
             if stream.started:
+                stream.abort()
                 raise
             log.exception("handler for %s %s failed", request.method, request.path)
-            _respond_error(stream, 500, "the server failed while answering this request; see the server log")
+            stream.respond_error(500, "the server failed while answering this request; see the server log")
             return
-        if not stream.ended and not stream.gone:
+        if not stream.ended and not stream.closed:
             log.error("handler for %s %s returned without ending its response", request.method, request.path)
             if stream.started:
                 stream.end()
             else:
-                _respond_error(stream, 500, "the server returned without completing this response; see the server log")
+                stream.respond_error(500, "the server returned without completing this response; see the server log")
 
     async def _pump(self, stream: AsgiResponseStream, send: Send) -> bool:
         """Send the head, then one body message per wake-up, until the end.
@@ -143,12 +142,12 @@ class AsgiApp:
         await stream.wait_pending()
         await send({"type": "http.response.start", "status": stream.status, "headers": list(stream.headers)})
         while True:
-            body = stream.take()
+            body = stream.take_all()
             if stream.ended:
                 return await self._send_last(stream, send, body)
             if body:
                 await send({"type": "http.response.body", "body": body, "more_body": True})
-                stream.sent()
+                stream.flushed()
             await stream.wait_pending()
 
     async def _send_last(self, stream: AsgiResponseStream, send: Send, body: bytes) -> bool:
@@ -156,7 +155,7 @@ class AsgiApp:
         hypercorn reports ``http.disconnect`` from inside this very send when a response
         completes, and a cancellation there would cut its connection bookkeeping short.
         Bounded instead: on HTTP/2 this send never returns once the connection dropped."""
-        if stream.gone:
+        if stream.closed:
             return False
         stream.finish()
         with trio.move_on_after(self.final_send_timeout, shield=True) as scope:
@@ -164,7 +163,7 @@ class AsgiApp:
         return not scope.cancelled_caught
 
 
-def request_from_scope(scope: Scope, body: bytes) -> HttpRequest:
+def request_from_scope(scope: HTTPScope, body: bytes) -> HttpRequest:
     """The :class:`HttpRequest` of an ASGI ``http`` scope.
 
     The path is ``raw_path`` (not percent-decoded, as the native handlers see the
@@ -196,28 +195,24 @@ async def _read_body(receive: Receive, limit: int) -> bytes | None:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise _ClientGone
-        chunk = message.get("body", b"")
+        chunk, more_body = b"", False  # (both keys are optional in ASGI)
+        if message["type"] == "http.request":
+            chunk, more_body = message.get("body", b""), message.get("more_body", False)
         too_large = too_large or len(body) + len(chunk) > limit
         if not too_large:
             body += chunk
-        if not message.get("more_body", False):
+        if not more_body:
             return None if too_large else bytes(body)
 
 
 async def _watch_disconnect(receive: Receive, stream: AsgiResponseStream, pump: trio.CancelScope) -> None:
-    """Wait for ``http.disconnect``; then tell ``stream`` (which cancels its handler
+    """Wait for ``http.disconnect``; then abort ``stream`` (which cancels its handler
     unless the response was complete) and cancel the ``pump`` (its last send is
     shielded): a body send can block forever on a dropped HTTP/2 connection too."""
     while (await receive())["type"] != "http.disconnect":
         pass
-    stream.client_gone()
+    stream.abort()
     pump.cancel()
-
-
-def _respond_error(stream: AsgiResponseStream, status: int, message: str) -> None:
-    body = error_body(status, message)
-    stream.start(status, (*JSON_HEADERS, (b"content-length", str(len(body)).encode())))
-    stream.end(body)
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

@@ -20,7 +20,7 @@ import hypercorn.trio
 import trio
 
 from llmsim.api.http import Application
-from llmsim.config import Config
+from llmsim.options import ServerOptions
 from llmsim.protocol.asgi.app import AsgiApp
 from llmsim.protocol.settings import MAX_HEADER_BYTES, ConnectionTracker, ServerHandle
 from llmsim.protocol.tls import ALPN_PROTOCOLS, server_ssl_context
@@ -56,20 +56,20 @@ class _HypercornConfig(hypercorn.config.Config):
         return self._ssl_context
 
 
-def hypercorn_config(config: Config, ssl_context: ssl.SSLContext | None = None) -> hypercorn.config.Config:
-    """The hypercorn Config equivalent to ``config`` (TLS if ``ssl_context`` is given)."""
+def hypercorn_config(options: ServerOptions, ssl_context: ssl.SSLContext | None = None) -> hypercorn.config.Config:
+    """The hypercorn Config equivalent to ``options`` (TLS if ``ssl_context`` is given)."""
     hc = _HypercornConfig(ssl_context)
-    host = f"[{config.host}]" if ":" in config.host else config.host
-    hc.bind = [f"{host}:{config.port}"]
+    host = f"[{options.host}]" if ":" in options.host else options.host
+    hc.bind = [f"{host}:{options.port}"]
     hc.alpn_protocols = list(ALPN_PROTOCOLS)
-    hc.h2_max_concurrent_streams = config.max_concurrent_streams
+    hc.h2_max_concurrent_streams = options.max_concurrent_streams
     hc.h11_max_incomplete_size = MAX_HEADER_BYTES
     hc.h2_max_header_list_size = MAX_HEADER_BYTES
-    hc.graceful_timeout = config.shutdown_grace_period
-    hc.keep_alive_timeout = config.keep_alive_timeout
+    hc.graceful_timeout = options.shutdown_grace_period
+    hc.keep_alive_timeout = options.keep_alive_timeout
     # hypercorn has no header-read timeout (its read_timeout would also cut streams
     # whose client sends nothing while it reads), so only the TLS handshake is bounded.
-    hc.ssl_handshake_timeout = config.header_read_timeout
+    hc.ssl_handshake_timeout = options.header_read_timeout
     # After this many requests on one HTTP/2 connection hypercorn sends GOAWAY, which
     # in h2 also breaks the streams still running on it: fatal for load tests.
     hc.keep_alive_max_requests = sys.maxsize
@@ -81,14 +81,14 @@ def hypercorn_config(config: Config, ssl_context: ssl.SSLContext | None = None) 
 
 async def serve_hypercorn(
     sim: SimulatorLike,
-    config: Config,
+    options: ServerOptions,
     tracker: ConnectionTracker,
     *,
     task_status: trio.TaskStatus[ServerHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``sim`` with hypercorn until cancelled; report a ServerHandle when bound."""
-    app = AsgiApp(sim.app, tracker, max_body_size=config.max_request_body_bytes)
-    hc = hypercorn_config(config, server_ssl_context(config))
+    app = AsgiApp(sim.app, tracker, max_body_size=options.max_request_body_bytes)
+    hc = hypercorn_config(options, server_ssl_context(options))
     shutdown = trio.Event()
     server_scope = trio.CancelScope()
     async with trio.open_nursery() as nursery:
@@ -100,7 +100,7 @@ async def serve_hypercorn(
             await trio.sleep_forever()
         finally:
             shutdown.set()
-            server_scope.deadline = trio.current_time() + config.shutdown_grace_period + _SHUTDOWN_SLACK
+            server_scope.deadline = trio.current_time() + options.shutdown_grace_period + _SHUTDOWN_SLACK
 
 
 async def _run_hypercorn(

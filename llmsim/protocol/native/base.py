@@ -10,13 +10,14 @@ never await, they only parse, buffer, spawn request handlers and wake the writer
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from llmsim.api.http import Application
 from llmsim.protocol.settings import ConnectionTracker, ProtocolSettings
 
-__all__ = ["ProtocolHandler", "Transport"]
+__all__ = ["HandlerPhase", "ProtocolHandler", "Transport"]
 
 
 class Transport(Protocol):
@@ -26,7 +27,10 @@ class Transport(Protocol):
     settings: ProtocolSettings
     tracker: ConnectionTracker
     scheme: str  # "http" or "https"
-    shutting_down: bool
+
+    @property
+    def shutting_down(self) -> bool:
+        """The server is shutting down: finish what is in flight, accept nothing new."""
 
     def wake_writer(self) -> None:
         """There are bytes to send: the writer will call ``outgoing`` soon."""
@@ -44,6 +48,14 @@ class Transport(Protocol):
 
     def switch_to(self, handler: ProtocolHandler) -> None:
         """Hand the connection to ``handler`` (HTTP/1.1 -> HTTP/2 after ``Upgrade: h2c``)."""
+
+
+class HandlerPhase(enum.Enum):
+    """Where a protocol handler is in its life; it only moves forward."""
+
+    OPEN = "open"  # serving requests
+    CLOSING = "closing"  # accepting nothing new: finish what is in flight, then close
+    FINISHED = "finished"  # nothing more will be sent: the connection closes after the last flush
 
 
 class ProtocolHandler(Protocol):

@@ -16,6 +16,7 @@ cancelled receive).
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 import socket
@@ -32,7 +33,7 @@ from llmsim.protocol.native.http1 import Http1Handler
 from llmsim.protocol.native.http2 import Http2Handler
 from llmsim.protocol.settings import ConnectionTracker, ProtocolSettings
 
-__all__ = ["Connection", "WriteCoalescer"]
+__all__ = ["Connection", "ConnectionPhase", "WriteCoalescer"]
 
 log = logging.getLogger("llmsim.protocol")
 
@@ -49,6 +50,19 @@ def _direct_socket(transport: trio.abc.Stream) -> socket.socket | None:
         return None
     raw = getattr(transport.socket, "_sock", None)
     return raw if isinstance(raw, socket.socket) and not raw.getblocking() else None
+
+
+class ConnectionPhase(enum.Enum):
+    """Where a connection is in its life; it only moves forward (down this list)."""
+
+    NEGOTIATING = "negotiating"  # sniffing the first bytes, TLS handshake: no protocol handler yet
+    OPEN = "open"  # the handler serves requests
+    DRAINING = "draining"  # shutting down: in-flight responses finish, nothing new is accepted
+    CLOSING = "closing"  # the writer is done: half-close, a moment for the peer to read and close, close
+
+
+_NEGOTIATING, _OPEN = ConnectionPhase.NEGOTIATING, ConnectionPhase.OPEN
+_DRAINING, _CLOSING = ConnectionPhase.DRAINING, ConnectionPhase.CLOSING
 
 
 @attrs.define(eq=False, repr=False)
@@ -92,7 +106,7 @@ class Connection:
     tracker: ConnectionTracker
     coalescer: WriteCoalescer | None = None
     scheme: str = attrs.field(default="http", init=False)  # "https" once TLS is negotiated
-    shutting_down: bool = attrs.field(default=False, init=False)
+    phase: ConnectionPhase = attrs.field(default=_NEGOTIATING, init=False)
     handler: ProtocolHandler | None = attrs.field(default=None, init=False)
     _transport: trio.abc.Stream | None = attrs.field(default=None, init=False)  # the stream after TLS, if any
     _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
@@ -102,16 +116,14 @@ class Connection:
     _direct: socket.socket | None = attrs.field(default=None, init=False)  # see _direct_socket
     _backlog: bytes | memoryview | None = attrs.field(default=None, init=False)  # what flush_now could not send
     _sending: bool = attrs.field(default=False, init=False)  # the writer waits in send_all
-    _writer_done: bool = attrs.field(default=False, init=False)
     _read_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
     _read_deadline: float = attrs.field(default=math.inf, init=False)
     _reading_allowed: bool = attrs.field(default=True, init=False)
     _resume_reading: trio.Event = attrs.field(factory=trio.Event, init=False)
     _reader_done: trio.Event = attrs.field(factory=trio.Event, init=False)
-    _lingering: bool = attrs.field(default=False, init=False)
 
     def __repr__(self) -> str:
-        return f"<Connection {type(self.handler).__name__} {self.scheme}>"
+        return f"<Connection {type(self.handler).__name__} {self.scheme} {self.phase.value}>"
 
     async def run(self) -> None:
         self.tracker.connection_opened()
@@ -128,14 +140,21 @@ class Connection:
 
     def begin_shutdown(self) -> None:
         """Finish in-flight responses, accept no new requests, then close."""
-        self.shutting_down = True
-        if self.handler is None:
-            self._scope.cancel()  # still negotiating: nothing to finish
-        else:
+        phase = self.phase
+        if phase is _NEGOTIATING:
+            self.phase = _DRAINING
+            self._scope.cancel()  # nothing to finish
+        elif phase is _OPEN:
+            self.phase = _DRAINING
+            assert self.handler is not None
             self.handler.begin_shutdown()
             self.wake_writer()
 
     # --- Transport: what the protocol handler may ask of us --------------------------
+    @property
+    def shutting_down(self) -> bool:
+        return self.phase is _DRAINING
+
     def wake_writer(self) -> None:
         if not self._dirty:
             self._dirty = True
@@ -155,7 +174,7 @@ class Connection:
         way and closes the connection).  Never raises: the engine's task serves everyone.
         """
         handler, direct = self.handler, self._direct
-        if self._sending or self._backlog is not None or self._writer_done or handler is None or direct is None:
+        if self._sending or self._backlog is not None or self.phase is _CLOSING or handler is None or direct is None:
             self._writer_lot.unpark_all()
             return
         self._dirty = False
@@ -209,9 +228,12 @@ class Connection:
             wire, prefix = await self._negotiate()
         if wire is Wire.CLOSED:
             return
+        assert self._transport is not None  # set by _negotiate
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self._direct = _direct_socket(self._transport)
+            if self.phase is _NEGOTIATING:  # (not if shutdown began as the handshake ended)
+                self.phase = _OPEN
             self.handler = Http2Handler(self) if wire is Wire.H2 else Http1Handler(self)
             nursery.start_soon(self._read_loop)
             if prefix:
@@ -275,7 +297,7 @@ class Connection:
 
     def _peer_closed(self) -> None:
         assert self.handler is not None and self._nursery is not None
-        if self._lingering:
+        if self.phase is _CLOSING:
             return  # the peer read our last bytes and closed, as hoped
         self.handler.receive(b"")
         self.handler.connection_lost()
@@ -285,7 +307,7 @@ class Connection:
         try:
             await self._write_batches()
         finally:
-            self._writer_done = True
+            self.phase = _CLOSING
 
     async def _write_batches(self) -> None:
         """Send the backlog flush_now left, else the handler's output, until finished."""
@@ -346,7 +368,6 @@ class Connection:
     async def _linger(self) -> None:
         """Half-close and give the peer a moment to read the last bytes and close,
         so that unread request bytes do not turn our close into a reset."""
-        self._lingering = True
         with trio.move_on_after(self.settings.close_linger):
             if isinstance(self._transport, trio.abc.HalfCloseableStream):
                 try:

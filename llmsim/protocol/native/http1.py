@@ -16,19 +16,30 @@ import attrs
 import h11
 import trio
 
-from llmsim.api.http import HttpRequest, reason_phrase
-from llmsim.protocol.native.base import Transport
+from llmsim.api.http import HttpRequest, ResponseState, reason_phrase
+from llmsim.protocol.native.base import HandlerPhase, Transport
 from llmsim.protocol.native.frames import chunk, h11_sends_chunked
 from llmsim.protocol.native.http2 import UPGRADE_ERRORS, Http2Handler
 from llmsim.protocol.native.stream import OutboundStream, content_length, run_handler, split_target
 
-__all__ = ["Http1Handler"]
+__all__ = ["Http1Handler", "Http1Response"]
 
 log = logging.getLogger("llmsim.protocol")
 
 _CLOSE = (b"connection", b"close")
 # Written by hand: h11 is left behind once the connection speaks HTTP/2.
 _SWITCHING_TO_H2C = b"HTTP/1.1 101 Switching Protocols\r\nconnection: Upgrade\r\nupgrade: h2c\r\n\r\n"
+_STREAMING = ResponseState.STREAMING
+_OPEN, _CLOSING, _FINISHED = HandlerPhase.OPEN, HandlerPhase.CLOSING, HandlerPhase.FINISHED
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Http1Response(OutboundStream):
+    """The response in flight on an HTTP/1.1 connection, and how it is being framed."""
+
+    host: Http1Handler
+    chunked: bool = attrs.field(default=False, init=False)  # h11 chose chunked framing: chunks are made here
+    end_sent: bool = attrs.field(default=False, init=False)  # EndOfMessage is in the last batch
 
 
 class Http1Handler:
@@ -37,15 +48,12 @@ class Http1Handler:
     def __init__(self, transport: Transport) -> None:
         self._t = transport
         self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=transport.settings.max_header_bytes)
-        self._response: OutboundStream | None = None
+        self._phase = _OPEN  # CLOSING: close once the current response is out
+        self._response: Http1Response | None = None
         self._request: h11.Request | None = None  # head of the request whose body is arriving
         self._body: list[bytes] = []
         self._body_size = 0
         self._out: list[bytes] = []  # bytes made here rather than by a response: 100 Continue
-        self._end_sent = False  # EndOfMessage of the current response is in the last batch
-        self._chunked = False  # h11 chose chunked framing for the current response: chunks are made here
-        self._closing = False  # close once the current response is out
-        self._finished = False
         self._pipelined = 0  # bytes received while the current response is in flight
         self._head_deadline: float | None = trio.current_time() + transport.settings.header_read_timeout
         self._idle_deadline = math.inf
@@ -53,11 +61,11 @@ class Http1Handler:
 
     @property
     def finished(self) -> bool:
-        return self._finished
+        return self._phase is _FINISHED
 
     # --- input -------------------------------------------------------------------------
     def receive(self, data: bytes) -> None:
-        if self._finished:
+        if self._phase is _FINISHED:
             return  # closing: discard what the client still sends
         self._h11.receive_data(data)
         if self._response is not None:
@@ -71,7 +79,7 @@ class Http1Handler:
 
     def _process(self) -> None:
         """Parse events until a request is complete or more bytes are needed."""
-        while self._response is None and not self._finished:
+        while self._response is None and self._phase is not _FINISHED:
             try:
                 event = self._h11.next_event()
             except h11.RemoteProtocolError as exc:
@@ -150,7 +158,7 @@ class Http1Handler:
             log.debug("declining Upgrade: h2c, bad HTTP2-Settings header: %s", exc)
             return False
         self._out = []
-        self._finished = True
+        self._phase = _FINISHED
         trailing, _ = self._h11.trailing_data
         self._t.switch_to(handler)
         handler.serve_upgraded(attrs.evolve(request, http_version="2"))
@@ -165,12 +173,12 @@ class Http1Handler:
         return False
 
     # --- responses ---------------------------------------------------------------------
-    def _open_response(self, *, head_only: bool = False) -> OutboundStream:
+    def _open_response(self, *, head_only: bool = False) -> Http1Response:
         settings = self._t.settings
-        stream = OutboundStream(self, settings.high_water, settings.low_water, head_only=head_only)
+        stream = Http1Response(
+            host=self, high_water=settings.high_water, low_water=settings.low_water, head_only=head_only
+        )
         self._response = stream
-        self._end_sent = False
-        self._chunked = False
         self._pipelined = 0
         self._t.tracker.stream_opened()
         self._t.set_read_deadline(math.inf)
@@ -178,15 +186,15 @@ class Http1Handler:
 
     def _reject(self, status: int, message: str) -> None:
         """Answer with an error made here, then close (the request cannot be trusted)."""
-        self._closing = True
+        self._close_after_response()
         self._request = None
         self._body = []
         self._open_response().respond_error(status, message, (_CLOSE,))
 
-    def schedule(self, stream: OutboundStream) -> None:
+    def schedule(self, stream: Http1Response) -> None:
         self._t.wake_writer()
 
-    def fail(self, stream: OutboundStream) -> None:
+    def fail(self, stream: Http1Response) -> None:
         """HTTP/1.1 cannot abort one response: send what is buffered, then close mid-body."""
         self._render(stream, self._out)
         self.connection_lost()
@@ -194,39 +202,39 @@ class Http1Handler:
 
     def outgoing(self) -> bytes:
         stream = self._response
-        if stream is not None and not stream.closed:
-            if self._chunked and not self._out and not stream.ended and stream.buffered:
+        if stream is not None:
+            if stream.state is _STREAMING and stream.chunked and stream.buffered and not self._out:
                 # The per-token case: one chunk, what h11's send(Data(...)) would return.
-                data = stream.take(stream.buffered)
-                return b"%x\r\n%b\r\n" % (len(data), data)
-            self._render(stream, self._out)
+                return chunk(stream.take(stream.buffered))
+            if not stream.state.closed:
+                self._render(stream, self._out)
         out, self._out = self._out, []
         return b"".join(out)
 
-    def _render(self, stream: OutboundStream, out: list[bytes]) -> None:
+    def _render(self, stream: Http1Response, out: list[bytes]) -> None:
         try:
             self._render_events(stream, out)
         except h11.LocalProtocolError as exc:
             log.error("a response is not valid HTTP/1.1 (%s); closing the connection", exc)
             self.connection_lost()
 
-    def _render_events(self, stream: OutboundStream, out: list[bytes]) -> None:
+    def _render_events(self, stream: Http1Response, out: list[bytes]) -> None:
         if stream.head_pending:
             status, headers = stream.take_head()
-            if self._closing or self._t.shutting_down:
+            if self._phase is not _OPEN or self._t.shutting_down:
                 headers = (*headers, _CLOSE)
             response = h11.Response(status_code=status, headers=list(headers), reason=reason_phrase(status))
             out.append(self._send(response))
-            self._chunked = h11_sends_chunked(self._h11)
+            stream.chunked = h11_sends_chunked(self._h11)
         if stream.buffered:
             data = stream.take(stream.buffered)
-            if self._chunked:
-                chunk(out, data)  # what h11's send(Data(data)) returns, without its event machinery
+            if stream.chunked:
+                out.append(chunk(data))  # what h11's send(Data(data)) returns, without its event machinery
             else:
                 out.append(self._send(h11.Data(data=data)))
-        if stream.complete and not self._end_sent:
+        if stream.fully_taken and not stream.end_sent:
             out.append(self._send(h11.EndOfMessage()))
-            self._end_sent = True
+            stream.end_sent = True
 
     def _send(self, event: h11.Event) -> bytes:
         data = self._h11.send(event)
@@ -238,15 +246,15 @@ class Http1Handler:
         if stream is None:
             return
         stream.flushed()
-        if self._end_sent:
+        if stream.end_sent:
             self._response_done(stream)
 
-    def _response_done(self, stream: OutboundStream) -> None:
+    def _response_done(self, stream: Http1Response) -> None:
         stream.finish()
         self._response = None
         self._t.tracker.stream_closed()
         self._t.tracker.request_served()
-        if self._closing or self._t.shutting_down or self._h11.our_state is not h11.DONE:
+        if self._phase is not _OPEN or self._t.shutting_down or self._h11.our_state is not h11.DONE:
             self._finish()  # Connection: close, HTTP/1.0, or an error answered early
             return
         self._h11.start_next_cycle()
@@ -262,15 +270,19 @@ class Http1Handler:
         if stream is not None:
             self._t.tracker.stream_closed()
             stream.abort()
-        self._finished = True
+        self._phase = _FINISHED
 
     def begin_shutdown(self) -> None:
-        self._closing = True
+        self._close_after_response()
         if self._response is None:
             self._finish()
 
+    def _close_after_response(self) -> None:
+        if self._phase is _OPEN:
+            self._phase = _CLOSING
+
     def _finish(self) -> None:
-        self._finished = True
+        self._phase = _FINISHED
         self._t.resume_reading()  # so that the close can drain what the client still sends
         self._t.wake_writer()
 

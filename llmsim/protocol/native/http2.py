@@ -18,78 +18,52 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
-import h2.connection
 import h2.events
 import h2.exceptions
-import h2.stream
 import trio
-from h2.connection import ConnectionState
 from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
-from h2.stream import StreamState
-from hyperframe.frame import GoAwayFrame
 
-from llmsim.api.http import HttpRequest
-from llmsim.protocol.native.base import Transport
-from llmsim.protocol.native.frames import DATA_HEADER, send_data, send_headers, sendable_stream
-from llmsim.protocol.native.h2_headers import request_head, response_headers, server_connection
+from llmsim.api.http import HttpRequest, ResponseState
+from llmsim.protocol.native.base import HandlerPhase, Transport
+from llmsim.protocol.native.frames import goaway_frame
+from llmsim.protocol.native.h2_fastpath import (
+    H2Stream,
+    ServerConnection,
+    connection_window,
+    last_stream_id,
+    send_buffered,
+    send_data,
+    send_headers,
+    send_window,
+    sendable_stream,
+    server_connection,
+    stream_window,
+)
+from llmsim.protocol.native.h2_headers import request_head, response_headers
 from llmsim.protocol.native.stream import OutboundStream, content_length, run_handler
 
 __all__ = ["UPGRADE_ERRORS", "Http2Handler", "Http2Stream"]
 
 log = logging.getLogger("llmsim.protocol")
 
-_PACK_DATA_HEADER = DATA_HEADER.pack
-_SERVER_OPEN = ConnectionState.SERVER_OPEN
-_OPEN = StreamState.OPEN
-_HALF_CLOSED_REMOTE = StreamState.HALF_CLOSED_REMOTE
 #: What a bad ``HTTP2-Settings`` header raises from h2 (the upgrade is then declined).
 UPGRADE_ERRORS = (ValueError, h2.exceptions.ProtocolError)
+_STREAMING = ResponseState.STREAMING
+_OPEN, _CLOSING, _FINISHED = HandlerPhase.OPEN, HandlerPhase.CLOSING, HandlerPhase.FINISHED
 
 
-@attrs.define(eq=False, repr=False)
+@attrs.define(eq=False, repr=False, kw_only=True)
 class Http2Stream(OutboundStream):
     """One HTTP/2 stream: the request while it arrives, then its response."""
 
+    host: Http2Handler
     request: HttpRequest | None = None  # the head, until the body is complete
     body: list[bytes] = attrs.field(factory=list, init=False)
     body_size: int = attrs.field(default=0, init=False)
     blocked: bool = attrs.field(default=False, init=False)  # bytes pending, the stream's window exhausted
     reset_when_done: bool = attrs.field(default=False, init=False)  # answered before the request ended
-    h2stream: h2.stream.H2Stream | None = attrs.field(default=None, init=False)  # h2's, once the head is sent
-
-    def send_step(self, out: list[bytes], conn: h2.connection.H2Connection) -> bool:
-        """The per-token common case, in one call: the head is sent, the stream not
-        ended, and everything buffered fits one DATA frame and both windows.  Then
-        append that frame to ``out``, account it in h2's windows exactly as
-        :func:`~llmsim.protocol.native.frames.send_data` does, and return True; otherwise
-        change nothing and return False (the general path takes over).
-
-        (Attribute access on purpose: this runs once per stream per engine step, and
-        every property or function call here costs a few percent of the server.)
-        """
-        h2s = self.h2stream
-        size = self._buffered
-        if h2s is None or self._ended or self._closed or not size:
-            return False
-        state = h2s.state_machine.state
-        if not (
-            (state is _HALF_CLOSED_REMOTE or state is _OPEN)
-            and size <= conn.max_outbound_frame_size
-            and size <= conn.outbound_flow_control_window
-            and size <= h2s.outbound_flow_control_window
-            and conn.state_machine.state is _SERVER_OPEN
-        ):
-            return False
-        chunks = self._chunks
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        chunks.clear()
-        self._buffered = 0
-        conn.outbound_flow_control_window -= size
-        h2s.outbound_flow_control_window -= size
-        out.append(_PACK_DATA_HEADER(size >> 8, size & 0xFF, 0, 0, self.stream_id))
-        out.append(data)
-        return True
+    h2stream: H2Stream | None = attrs.field(default=None, init=False)  # h2's, once the head is sent
 
 
 class Http2Handler:
@@ -102,14 +76,15 @@ class Http2Handler:
         ``HTTP2-Settings`` header) cannot be decoded; nothing has happened then.
         """
         settings = transport.settings
-        self._h2 = server_connection(settings.max_concurrent_streams, settings.max_header_bytes, upgrade_settings)
+        self._h2: ServerConnection = server_connection(
+            settings.max_concurrent_streams, settings.max_header_bytes, upgrade_settings
+        )
         self._t = transport
+        self._phase = _OPEN  # CLOSING: GOAWAY sent, the streams it names still run
         self._streams: dict[int, Http2Stream] = {}
         self._ready: deque[Http2Stream] = deque()
         self._sent: list[Http2Stream] = []  # streams that sent bytes in the last batch
         self._prefix = preamble  # raw bytes ahead of h2's own: the 101, our GOAWAY
-        self._closing = False
-        self._finished = False
         self._body_bytes = 0  # request-body bytes buffered on all streams
         self._receiving = 0  # streams whose request is still arriving (head, handler not started)
         self._body_deadline = math.inf  # the read deadline while some stream is receiving
@@ -128,7 +103,7 @@ class Http2Handler:
 
     @property
     def finished(self) -> bool:
-        return self._finished
+        return self._phase is _FINISHED
 
     def serve_upgraded(self, request: HttpRequest) -> None:
         """Answer the HTTP/1.1 request that asked for ``Upgrade: h2c`` as stream 1."""
@@ -138,14 +113,14 @@ class Http2Handler:
 
     # --- input -------------------------------------------------------------------------
     def receive(self, data: bytes) -> None:
-        if self._finished or not data:
+        if self._phase is _FINISHED or not data:
             return  # EOF: connection_lost follows
         try:
             events = self._h2.receive_data(data)
         except h2.exceptions.ProtocolError as exc:
             log.debug("HTTP/2 protocol error from client, closing: %s", exc)
             self._abort_streams()  # h2 has queued a GOAWAY
-            self._finished = True
+            self._phase = _FINISHED
         else:
             dispatch = self._dispatch
             for event in events:
@@ -157,7 +132,7 @@ class Http2Handler:
 
     def _on_request(self, event: h2.events.RequestReceived) -> None:
         sid = event.stream_id
-        if self._closing or len(self._streams) >= self._t.settings.max_concurrent_streams:
+        if self._phase is not _OPEN or len(self._streams) >= self._t.settings.max_concurrent_streams:
             self._h2.reset_stream(sid, ErrorCodes.REFUSED_STREAM)
             return
         assert event.headers is not None
@@ -171,7 +146,7 @@ class Http2Handler:
         assert sid is not None and event.flow_controlled_length is not None and event.data is not None
         self._h2.acknowledge_received_data(event.flow_controlled_length, sid)
         stream = self._streams.get(sid)
-        if stream is None or stream.started:
+        if stream is None or stream.state.started:
             return  # refused, or already answered
         stream.body.append(event.data)
         stream.body_size += len(event.data)
@@ -187,7 +162,7 @@ class Http2Handler:
         if stream is None:
             return
         stream.reset_when_done = False
-        if not stream.started:
+        if not stream.state.started:
             self._start_handler(stream)
 
     def _on_stream_reset(self, event: h2.events.StreamReset) -> None:
@@ -213,13 +188,13 @@ class Http2Handler:
     def _on_connection_terminated(self, event: h2.events.ConnectionTerminated) -> None:
         # h2 cannot send on a connection after the peer's GOAWAY.
         self._abort_streams()
-        self._finished = True
+        self._phase = _FINISHED
 
     def read_timed_out(self) -> bool:
         """Either a request body stalled for the header-read timeout (its streams are
         reset with CANCEL, and reading goes on), or the connection was idle for the
         keep-alive timeout with no stream open (GOAWAY, then close)."""
-        if self._finished:
+        if self._phase is _FINISHED:
             return False
         if self._receiving:
             stalled = [stream for stream in self._streams.values() if stream.request is not None]
@@ -228,9 +203,9 @@ class Http2Handler:
                 self._h2.reset_stream(stream.stream_id, ErrorCodes.CANCEL)
                 self._drop(stream)
             self._update_read_deadline()
-            return not self._finished
-        self._h2.close_connection(last_stream_id=self._h2.highest_inbound_stream_id)
-        self._finished = True
+            return self._phase is not _FINISHED
+        self._h2.close_connection(last_stream_id=last_stream_id(self._h2))
+        self._phase = _FINISHED
         return False
 
     # --- streams -----------------------------------------------------------------------
@@ -295,8 +270,8 @@ class Http2Handler:
         """A stream has just left ``self._streams``."""
         self._t.tracker.stream_closed()
         if not self._streams:
-            if self._closing:
-                self._finished = True
+            if self._phase is _CLOSING:
+                self._phase = _FINISHED
             self._update_idle_deadline()
 
     def _update_idle_deadline(self) -> None:
@@ -312,16 +287,16 @@ class Http2Handler:
             stream.abort()
 
     # --- StreamHost --------------------------------------------------------------------
-    def schedule(self, stream: Http2Stream) -> None:  # type: ignore[override]
+    def schedule(self, stream: Http2Stream) -> None:
         if not stream.queued and not stream.blocked:
             stream.queued = True
             self._ready.append(stream)
             self._t.wake_writer()
 
-    def fail(self, stream: OutboundStream) -> None:
+    def fail(self, stream: Http2Stream) -> None:
         if stream.stream_id in self._streams:
             self._h2.reset_stream(stream.stream_id, ErrorCodes.INTERNAL_ERROR)
-            self._drop(stream)  # type: ignore[arg-type]
+            self._drop(stream)
             self._t.wake_writer()
 
     # --- output ------------------------------------------------------------------------
@@ -330,8 +305,8 @@ class Http2Handler:
 
         Bytes are collected in emission order: h2's own buffer (HEADERS, RST_STREAM,
         SETTINGS ACK, WINDOW_UPDATE...) is drained into ``out`` right after each call
-        into h2, and the DATA frames built here (``frames.send_data``) are appended
-        between, so the batch is exactly what h2 alone would have sent.
+        into h2, and the DATA and HEADERS frames built by hand (:mod:`.h2_fastpath`) are
+        appended between, so the batch is exactly what h2 alone would have sent.
         """
         h2conn = self._h2
         out = [self._prefix, h2conn.data_to_send()]
@@ -341,10 +316,19 @@ class Http2Handler:
         for _ in range(len(ready)):
             stream = ready.popleft()
             stream.queued = False
-            if stream.send_step(out, h2conn):
-                if stream.waits_for_drain:
+            # The per-token case first: the head is sent, the body open, and everything
+            # buffered fits one DATA frame and both windows (h2_fastpath.send_buffered).
+            h2stream, size = stream.h2stream, stream.buffered
+            if (
+                h2stream is not None
+                and size
+                and stream.state is _STREAMING
+                and send_buffered(out, h2conn, h2stream, stream.chunks, size)
+            ):
+                stream.buffered = 0
+                if stream.drained_callbacks:
                     sent.append(stream)
-            elif not stream.closed:
+            elif not stream.state.closed:
                 self._send(stream, out)
         out.append(h2conn.data_to_send())
         return b"".join(out)
@@ -364,29 +348,29 @@ class Http2Handler:
             if self._send_head(stream, out):
                 self._done(stream, out)
                 return
-            stream.h2stream = h2conn.streams.get(sid)
+            stream.h2stream = sendable_stream(h2conn, sid)
         if stream.buffered:
-            if stream.waits_for_drain:
+            if stream.drained_callbacks:
                 self._sent.append(stream)  # flushed() may wake its producer
-        elif not stream.ended:
+        elif not stream.state.ended:
             return
         h2stream = sendable_stream(h2conn, sid)
         if h2stream is None:
             self._send_through_h2(stream, out)  # raises what h2 raises for this state
             return
         if stream.buffered:
-            window = min(h2conn.outbound_flow_control_window, h2stream.outbound_flow_control_window)
+            window = send_window(h2conn, h2stream)
             if window <= 0:
                 self._wait_for_window(stream)
                 return
             data = stream.take(window)
-            end = stream.ended and not stream.buffered
+            end = stream.state.ended and not stream.buffered
             send_data(out, h2conn, h2stream, data, end)
             if stream.buffered:
                 self._wait_for_window(stream)
             elif end:
                 self._done(stream, out)
-        elif h2stream.outbound_flow_control_window < 0:
+        elif stream_window(h2stream) < 0:
             # Ended, everything sent, but a smaller SETTINGS_INITIAL_WINDOW_SIZE made the
             # window negative: even an empty DATA frame must wait until a WINDOW_UPDATE
             # makes it positive again (RFC 9113 6.9.2; h2 as a client rejects it).
@@ -400,7 +384,7 @@ class Http2Handler:
         send them); return whether they ended the stream."""
         h2conn = self._h2
         status, headers = stream.take_head()
-        end = stream.ended and not stream.buffered
+        end = stream.state.ended and not stream.buffered
         fields = response_headers(status, headers)
         h2stream = sendable_stream(h2conn, stream.stream_id)
         if h2stream is None or fields[0][1].startswith(b"1"):  # 1xx: h2's informational path
@@ -426,17 +410,17 @@ class Http2Handler:
                 self._wait_for_window(stream)
                 return
             data = stream.take(window)
-            end = stream.ended and not stream.buffered
+            end = stream.state.ended and not stream.buffered
             h2conn.send_data(sid, data, end_stream=end)
             if end:
                 self._done(stream, out)
                 return
-        if stream.ended:
+        if stream.state.ended:
             h2conn.end_stream(sid)
             self._done(stream, out)
 
     def _wait_for_window(self, stream: Http2Stream) -> None:
-        if self._h2.outbound_flow_control_window <= 0:
+        if connection_window(self._h2) <= 0:
             stream.queued = True  # the connection window: retry on the next batch
             self._ready.append(stream)
         else:
@@ -460,7 +444,7 @@ class Http2Handler:
     # --- lifecycle ---------------------------------------------------------------------
     def connection_lost(self) -> None:
         self._abort_streams()
-        self._finished = True
+        self._phase = _FINISHED
 
     def begin_shutdown(self) -> None:
         """GOAWAY now (naming the last stream we will answer), finish those, then close.
@@ -468,11 +452,10 @@ class Http2Handler:
         The GOAWAY frame is built by hand: h2 stops sending DATA once it has sent a
         GOAWAY itself (python-hyper/h2#1181), and the streams still in flight need it.
         """
-        if self._closing or self._finished:
+        if self._phase is not _OPEN:
             return
-        self._closing = True
-        goaway = GoAwayFrame(stream_id=0, last_stream_id=self._h2.highest_inbound_stream_id, error_code=0)
-        self._prefix += goaway.serialize()
+        self._phase = _CLOSING
+        self._prefix += goaway_frame(last_stream_id(self._h2))
         if not self._streams:
-            self._finished = True
+            self._phase = _FINISHED
         self._t.wake_writer()

@@ -19,7 +19,7 @@ import attrs
 import trio
 
 from llmsim.api.http import Application
-from llmsim.config import Config
+from llmsim.options import ServerOptions
 from llmsim.protocol.native.connection import Connection, WriteCoalescer
 from llmsim.protocol.settings import ConnectionTracker, ProtocolSettings, ServerHandle
 from llmsim.protocol.tls import server_ssl_context
@@ -31,7 +31,7 @@ LISTEN_BACKLOG = 4096
 
 async def serve_app(
     app: Application,
-    config: Config,
+    options: ServerOptions,
     *,
     tracker: ConnectionTracker | None = None,
     background: Callable[[], Awaitable[None]] | None = None,
@@ -44,8 +44,8 @@ async def serve_app(
     keeps running through the shutdown grace period.  ``coalescer``, held by the
     engine driver around its steps, lets it send what a step wrote itself.
     """
-    settings = ProtocolSettings.from_config(config, server_ssl_context(config))
-    listener = await open_listener(config.host, config.port)
+    settings = ProtocolSettings.from_options(options, server_ssl_context(options))
+    listener = await open_listener(options.host, options.port)
     server = _NativeServer(app, settings, tracker or ConnectionTracker(), coalescer)
     await server.run(listener, background, task_status)
 

@@ -16,7 +16,7 @@ from trio.testing import MockClock
 
 from llmsim.api.chat.render import ChatStreamRenderer, chat_completion_body
 from llmsim.api.generation import CollectingSink
-from llmsim.api.turns import TOOL_CALL, Block
+from llmsim.api.plan import TOOL_CALL, Block
 from tests.api.fakes import EngineRun, make_job, post, running, sse_payloads
 
 LATENCY = {"time_to_first_token": 0.1, "inter_token_latency": 0.01}
@@ -416,7 +416,7 @@ PARAMETERS = st.builds(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(parameters=PARAMETERS)
 async def test_streamed_arguments_are_valid_against_the_tool_schema(
     parameters: dict[str, Any], autojump_clock: MockClock

@@ -10,7 +10,7 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from llmsim.api.requests import COMPLETIONS_DEFAULT_MAX_TOKENS
+from llmsim.api.completions.request import COMPLETIONS_DEFAULT_MAX_TOKENS
 from tests.api.fakes import CREATED, post, running, sse_payloads
 
 PATH = "/v1/completions"

@@ -4,15 +4,14 @@ Engine with explicit times (TTFT 100 ms, ITL 10 ms), no server."""
 from __future__ import annotations
 
 from llmsim.api.errors import ApiError
-from llmsim.api.event_stream import EventStreamingSink
 from llmsim.api.messages.render import (
     MessageShell,
     MessagesStreamRenderer,
     message_body,
 )
-from llmsim.api.turns import TEXT, TOOL_CALL, Block, TurnPlan, make_job
+from llmsim.api.plan import TEXT, TOOL_CALL, Block, TurnPlan
 from llmsim.engine.job import Job
-from tests.api.fakes import EngineRun
+from tests.api.fakes import EngineRun, turn_job
 
 LATENCY = {"time_to_first_token": 0.1, "inter_token_latency": 0.01}
 SHELL = MessageShell("msg_1", "m")
@@ -29,8 +28,8 @@ STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
 def run_stream(plan: TurnPlan, shell: MessageShell = SHELL) -> tuple[EngineRun, Job]:
     run = EngineRun(**LATENCY)
     renderer = MessagesStreamRenderer(shell=shell, plan=plan)
-    sink = EventStreamingSink(run.response, renderer, 1, lambda job: run.engine.resume(job, run.now))
-    job = make_job(plan, (1, 2, 3), sink, request_id="1", cap=64)
+    sink = run.streaming_sink(renderer, 1)
+    job = turn_job(sink, plan)
     run.submit([job])
     assert renderer.head() == b""
     run.run()
@@ -47,8 +46,8 @@ def block_start(index: int, block: bytes) -> bytes:
 
 def delta(index: int, kind: bytes, key: bytes, text: bytes) -> bytes:
     return (
-        b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,"delta":{"type":"%s","%s":"%s"}}\n\n'
-        % (index, kind, key, text)
+        b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,'
+        b'"delta":{"type":"%s","%s":"%s"}}\n\n' % (index, kind, key, text)
     )
 
 
@@ -119,8 +118,8 @@ def test_in_band_error_event() -> None:
     run = EngineRun(**LATENCY)
     plan = TurnPlan(("a", "b"), (1, 2), "stop", (Block(TEXT, 0, 2),))
     renderer = MessagesStreamRenderer(shell=SHELL, plan=plan)
-    sink = EventStreamingSink(run.response, renderer, 1, lambda job: run.engine.resume(job, run.now))
-    run.submit([make_job(plan, (1, 2, 3), sink, request_id="1", cap=64)])
+    sink = run.streaming_sink(renderer, 1)
+    run.submit([turn_job(sink, plan)])
     run.step_to(0.1)
     sink.fail(ApiError(529, "Overloaded"))
     assert run.response.writes[-1][1] == (

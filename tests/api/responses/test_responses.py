@@ -254,6 +254,23 @@ async def test_store_get_delete_and_404(autojump_clock: MockClock) -> None:
     assert after_delete.status == 404
 
 
+async def test_each_simulator_keeps_its_own_responses(autojump_clock: MockClock) -> None:
+    async with running() as first, running() as second:
+        only_in_first = await post(first, PATH, {"input": "Hello", "max_output_tokens": 3})
+        response_id = only_in_first.json()["id"]
+        missing = await get(second, f"{PATH}/{response_id}")
+        chained = await post(second, PATH, {"input": "x", "previous_response_id": response_id})
+        # Same seed, same id stream: the second simulator's first response takes the same id.
+        same_id = await post(second, PATH, {"input": "Bonjour", "max_output_tokens": 7})
+        from_first = await get(first, f"{PATH}/{response_id}")
+        from_second = await get(second, f"{PATH}/{response_id}")
+    assert missing.status == 404 and chained.status == 404
+    assert same_id.json()["id"] == response_id
+    assert from_first.body == only_in_first.body and from_second.body == same_id.body
+    assert from_first.body != from_second.body
+    assert len(first.ctx.response_store) == 1 and len(second.ctx.response_store) == 1
+
+
 def test_store_is_a_bounded_lru() -> None:
     store = ResponseStore(capacity=2)
     for name in ("a", "b"):

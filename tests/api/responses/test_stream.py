@@ -6,15 +6,15 @@ from __future__ import annotations
 import orjson
 
 from llmsim.api.errors import ApiError
-from llmsim.api.event_stream import EventStreamingSink
+from llmsim.api.generation import StreamingSink
+from llmsim.api.plan import TEXT, TOOL_CALL, Block, TurnPlan
 from llmsim.api.responses.render import (
     ResponseShell,
     ResponsesStreamRenderer,
     TokenLogprobs,
     TurnIds,
 )
-from llmsim.api.turns import TEXT, TOOL_CALL, Block, TurnPlan, make_job
-from tests.api.fakes import EngineRun
+from tests.api.fakes import EngineRun, turn_job
 
 LATENCY = {"time_to_first_token": 0.1, "inter_token_latency": 0.01}
 SHELL = ResponseShell(response_id="resp_1", created_at=1, model="m", max_output_tokens=16)
@@ -39,11 +39,11 @@ HEAD = (
 
 def run_stream(
     plan: TurnPlan, logprobs: TokenLogprobs | None = None
-) -> tuple[EngineRun, ResponsesStreamRenderer, EventStreamingSink]:
+) -> tuple[EngineRun, ResponsesStreamRenderer, StreamingSink]:
     run = EngineRun(**LATENCY)
     renderer = ResponsesStreamRenderer(shell=SHELL, plan=plan, ids=IDS, logprobs=logprobs, clock=lambda: 2.0)
-    sink = EventStreamingSink(run.response, renderer, 1, lambda job: run.engine.resume(job, run.now))
-    job = make_job(plan, (1, 2, 3), sink, request_id="1", cap=16)
+    sink = run.streaming_sink(renderer, 1)
+    job = turn_job(sink, plan, cap=16)
     run.submit([job])
     run.response.write(renderer.head())
     run.run()
@@ -82,14 +82,15 @@ def test_text_turn_exact_bytes() -> None:
             b'data: {"content_index":0,"item_id":"msg_1","logprobs":[],"output_index":0,"sequence_number":6,'
             b'"text":"Hello world","type":"response.output_text.done"}\n\n'
             b"event: response.content_part.done\n"
-            b'data: {"content_index":0,"item_id":"msg_1","output_index":0,"part":{"annotations":[],"text":"Hello world",'
-            b'"type":"output_text","logprobs":null},"sequence_number":7,"type":"response.content_part.done"}\n\n'
+            b'data: {"content_index":0,"item_id":"msg_1","output_index":0,"part":{"annotations":[],'
+            b'"text":"Hello world","type":"output_text","logprobs":null},"sequence_number":7,'
+            b'"type":"response.content_part.done"}\n\n'
             b"event: response.output_item.done\n"
             b'data: {"item":' + final_message + b',"output_index":0,"sequence_number":8,'
             b'"type":"response.output_item.done"}\n\n'
             b"event: response.completed\n"
-            b'data: {"response":{"id":"resp_1","created_at":1,"error":null,"incomplete_details":null,"instructions":null,'
-            b'"metadata":null,"model":"m","object":"response","output":['
+            b'data: {"response":{"id":"resp_1","created_at":1,"error":null,"incomplete_details":null,'
+            b'"instructions":null,"metadata":null,"model":"m","object":"response","output":['
             + final_message
             + b'],"parallel_tool_calls":true,'
             b'"temperature":1.0,"tool_choice":"auto","tools":[],"top_p":1.0,"background":false,"completed_at":2,'
@@ -161,8 +162,8 @@ def test_catch_up_steps_keep_sequence_numbers_and_content_index() -> None:
     run = EngineRun(time_to_first_token=0.1, inter_token_latency=0.01)
     plan = text_plan("a ", "b ", "c ", "d ", "e", finish="length")
     renderer = ResponsesStreamRenderer(shell=SHELL, plan=plan, ids=IDS, logprobs=None, clock=lambda: 2.0)
-    sink = EventStreamingSink(run.response, renderer, 1, lambda job: run.engine.resume(job, run.now))
-    run.submit([make_job(plan, (1, 2, 3), sink, request_id="1", cap=5)])
+    sink = run.streaming_sink(renderer, 1)
+    run.submit([turn_job(sink, plan, cap=5)])
     run.response.write(renderer.head())
     run.step_to(0.1)
     run.step_to(0.5)  # late: every remaining token is due at once
@@ -181,7 +182,7 @@ def test_logprobs_in_deltas_and_final_part_agree() -> None:
     final_part = parsed["response.completed"]["response"]["output"][0]["content"][0]  # type: ignore[index]
     deltas = [p for kind, p in events(run.response.body) if kind == "response.output_text.delta"]
     assert [d["logprobs"][0]["token"] for d in deltas] == ["Hello", " world", "!"]  # type: ignore[index]
-    for delta, full in zip(deltas, final_part["logprobs"]):
+    for delta, full in zip(deltas, final_part["logprobs"], strict=True):
         (entry,) = delta["logprobs"]  # type: ignore[misc]
         assert entry["logprob"] == full["logprob"] and len(entry["top_logprobs"]) == 2
         assert full["bytes"] == list(full["token"].encode())
@@ -192,8 +193,8 @@ def test_in_band_error_event_ends_the_stream() -> None:
     run = EngineRun(**LATENCY)
     plan = text_plan("Hello", " world")
     renderer = ResponsesStreamRenderer(shell=SHELL, plan=plan, ids=IDS, logprobs=None, clock=lambda: 2.0)
-    sink = EventStreamingSink(run.response, renderer, 1, lambda job: run.engine.resume(job, run.now))
-    run.submit([make_job(plan, (1, 2, 3), sink, request_id="1", cap=16)])
+    sink = run.streaming_sink(renderer, 1)
+    run.submit([turn_job(sink, plan, cap=16)])
     run.response.write(renderer.head())
     run.step_to(0.1)
     sink.fail(ApiError(503, "Service unavailable"))

@@ -354,12 +354,12 @@ def test_write_reports_the_high_water_mark_and_drain_wakes_the_producer() -> Non
     assert not stream.write(b"0")
     drained: list[bool] = []
     stream.on_drained(lambda: drained.append(True))
-    assert stream.take() == b"1234567890"
+    assert stream.take_all() == b"1234567890"
     stream.write(b"abcd")
-    stream.sent()
+    stream.flushed()
     assert drained == []
-    stream.take()
-    stream.sent()
+    stream.take_all()
+    stream.flushed()
     assert drained == [True]
 
 
@@ -376,8 +376,8 @@ def test_close_callbacks_run_once_and_only_if_the_client_left_before_the_end() -
     calls: list[str] = []
     left = AsgiResponseStream()
     left.on_close(lambda: calls.append("early"))
-    left.client_gone()
-    left.client_gone()
+    left.abort()
+    left.abort()
     left.on_close(lambda: calls.append("late"))
     assert calls == ["early", "late"]
     assert left.closed
@@ -387,7 +387,7 @@ def test_close_callbacks_run_once_and_only_if_the_client_left_before_the_end() -
     finished.on_close(lambda: calls.append("never"))
     finished.start(200, ())
     finished.end(b"done")
-    finished.client_gone()
+    finished.abort()
     finished.on_close(lambda: calls.append("never"))
     assert calls == []
 
@@ -395,10 +395,10 @@ def test_close_callbacks_run_once_and_only_if_the_client_left_before_the_end() -
 def test_writes_after_the_client_left_are_dropped() -> None:
     stream = AsgiResponseStream(high_water=4)
     stream.start(200, ())
-    stream.client_gone()
+    stream.abort()
     assert stream.write(b"more than four bytes")
     stream.end(b"x")
-    assert stream.take() == b""
+    assert stream.take_all() == b""
     assert stream.closed
 
 

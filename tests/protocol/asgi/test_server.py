@@ -92,7 +92,7 @@ class Running:
 
 async def start_server(nursery: trio.Nursery, **overrides: Any) -> Running:
     sim, tracker = FakeSimulator(), IdleTracker()
-    handle = await nursery.start(serve_hypercorn, sim, config(**overrides), tracker)
+    handle = await nursery.start(serve_hypercorn, sim, config(**overrides).server, tracker)
     return Running(handle, sim, tracker)
 
 
@@ -170,7 +170,7 @@ async def open_stream(port: int, http_version: str) -> trio.SocketStream:
 
 def test_hypercorn_config_follows_ours() -> None:
     hc = hypercorn_config(
-        Config(host="::1", port=0, max_concurrent_streams=7, shutdown_grace_period=2.5, keep_alive_timeout=9.0)
+        Config(host="::1", port=0, max_concurrent_streams=7, shutdown_grace_period=2.5, keep_alive_timeout=9.0).server
     )
     assert hc.bind == ["[::1]:0"]
     assert (hc.h2_max_concurrent_streams, hc.graceful_timeout, hc.keep_alive_timeout) == (7, 2.5, 9.0)
@@ -276,7 +276,7 @@ async def run_cancellable(
 
     async def run(task_status: trio.TaskStatus[ServerHandle]) -> None:
         with scope:
-            await serve_hypercorn(sim, config(), tracker, task_status=task_status)
+            await serve_hypercorn(sim, config().server, tracker, task_status=task_status)
         done.set()
 
     handle: ServerHandle = await nursery.start(run)

@@ -21,7 +21,7 @@ import trio
 import trio.testing
 from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from llmsim.api.http import HttpRequest, ResponseStream
@@ -84,7 +84,6 @@ operations = st.one_of(
 )
 
 
-@settings(max_examples=40, deadline=None)
 @given(initial_window=windows, max_frame=st.sampled_from([16384, 30000]), ops=st.lists(operations, max_size=12))
 async def test_flow_control_windows_stay_identical_to_the_clients(
     initial_window: int, max_frame: int, ops: list[tuple[str, int, int]]
@@ -255,7 +254,7 @@ async def test_http2_many_events_per_step_leave_in_one_frame_per_stream() -> Non
 
 
 async def test_h2_forgets_closed_streams_without_walking_them_on_every_request() -> None:
-    """h2's per-request open-stream count is amortized (``_H2Connection``): closed
+    """h2's per-request open-stream count is amortized (``ServerConnection``): closed
     streams are still dropped from its table, which stays bounded."""
     app = TestApp()
     async with open_memory_connection(app, protocol_settings(max_concurrent_streams=300)) as mc:
@@ -265,14 +264,18 @@ async def test_h2_forgets_closed_streams_without_walking_them_on_every_request()
         for _ in range(10):
             held = [await client.request("/hold") for _ in range(20)]
             sids = [await client.request("/stream?n=2") for _ in range(100)]
-            await client.wait_until(lambda: all(client.records[sid].done for sid in sids))
+            await all_done(client, sids)
             sizes.append(len(server_h2(mc.connection).streams))
             app.release.set()
-            await client.wait_until(lambda: all(client.records[sid].done for sid in held))
+            await all_done(client, held)
             app.release = trio.Event()
         stats = mc.tracker.statistics()
     assert stats.requests_served == 1200 and stats.active_streams == 0
     assert max(sizes) <= 2 * 120 + 64  # at most about as many closed as open linger
+
+
+async def all_done(client: H2Client, sids: list[int]) -> None:
+    await client.wait_until(lambda: all(client.records[sid].done for sid in sids))
 
 
 @attrs.define

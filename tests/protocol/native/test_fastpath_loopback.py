@@ -73,7 +73,7 @@ async def test_a_late_reader_gets_every_byte_in_order_on_http1(
     nursery: trio.Nursery, direct_sends: list[tuple[int, int]]
 ) -> None:
     app = TestApp()
-    handle = await nursery.start(serve_app, app, Config(port=0))
+    handle = await nursery.start(serve_app, app, Config(port=0).server)
     stream = await trio.open_tcp_stream(handle.host, handle.port)
     client = H1Client(stream)
     await client.send(
@@ -94,7 +94,7 @@ async def test_a_late_reader_gets_every_byte_in_order_on_http2(
     nursery: trio.Nursery, direct_sends: list[tuple[int, int]]
 ) -> None:
     app = TestApp()
-    handle = await nursery.start(serve_app, app, Config(port=0))
+    handle = await nursery.start(serve_app, app, Config(port=0).server)
     stream = await trio.open_tcp_stream(handle.host, handle.port)
     client = H2Client(stream)
     await client.start(INITIAL_WINDOW_SIZE=2**30, MAX_FRAME_SIZE=2**20)

@@ -7,7 +7,7 @@ with one malformed block per rule (and with the odd blocks h2 does accept, e.g. 
 crumbs ahead of the pseudo-headers); the second feeds header blocks, every single odd
 field and random combinations, to the server's H2Connection and to a stock h2 one, and
 requires identical events, errors and bytes.  The last part checks the hand-built
-response HEADERS (``frames.send_headers``) against h2's ``send_headers``.
+response HEADERS (``h2_fastpath.send_headers``) against h2's ``send_headers``.
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ from h2.errors import ErrorCodes
 from h2.settings import SettingCodes, Settings
 from hpack import Encoder
 from hyperframe.frame import HeadersFrame, PushPromiseFrame, SettingsFrame
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from llmsim.protocol.native.frames import send_headers, sendable_stream
-from llmsim.protocol.native.h2_headers import server_connection
+from llmsim.protocol.native.h2_fastpath import send_headers, sendable_stream, server_connection
 from tests.protocol.helpers import H2Client, StreamRecord, TestApp, open_memory_connection
 
 Headers = list[tuple[bytes, bytes]]
@@ -321,7 +320,6 @@ def test_a_push_promise_from_the_client_is_refused_exactly_as_by_h2() -> None:
     compare_frames([PREFACE, head, promise.serialize()])
 
 
-@settings(max_examples=300, deadline=None)
 @given(st.lists(requests(), min_size=1, max_size=4))
 def test_random_header_blocks_are_handled_exactly_as_by_h2(
     requests: list[tuple[Headers, Headers | None, bool]],
@@ -329,7 +327,7 @@ def test_random_header_blocks_are_handled_exactly_as_by_h2(
     compare(requests)
 
 
-# --- the response head: frames.send_headers against h2's send_headers ------------------
+# --- the response head: h2_fastpath.send_headers against h2's send_headers ------------------
 
 STATUSES = st.sampled_from([200, 204, 404, 500, 2000])
 PRINTABLE = bytes(range(0x21, 0x7F))
@@ -346,7 +344,6 @@ FIELDS = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None)
 @given(
     heads=st.lists(st.tuples(STATUSES, FIELDS, st.booleans(), st.booleans()), min_size=1, max_size=3),
     max_frame=st.sampled_from([16384, 16385, 20000]),

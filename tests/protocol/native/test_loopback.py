@@ -34,7 +34,7 @@ class Running:
 
 async def start(nursery: trio.Nursery, **config: object) -> Running:
     app = TestApp()
-    handle = await nursery.start(serve_app, app, Config(port=0, **config))  # type: ignore[arg-type]
+    handle = await nursery.start(serve_app, app, Config(port=0, **config).server)
     return Running(handle, app)
 
 
@@ -129,8 +129,8 @@ def test_unusable_certificate_files_are_a_config_error(tmp_path: Path) -> None:
 
     (tmp_path / "cert.pem").write_text("not a certificate")
     config = Config(ssl_certfile=str(tmp_path / "cert.pem"), ssl_keyfile=str(tmp_path / "cert.pem"))
-    with pytest.raises(ConfigError, match="ssl-certfile.*PEM"):
-        server_ssl_context(config)
+    with pytest.raises(ConfigError, match=r"ssl-certfile.*PEM"):
+        server_ssl_context(config.server)
 
 
 def _reset(sock: trio.socket.SocketType) -> None:

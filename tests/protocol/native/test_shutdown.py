@@ -7,6 +7,7 @@ import trio.testing
 from h2.errors import ErrorCodes
 
 from llmsim.config import Config
+from llmsim.protocol.native.connection import ConnectionPhase
 from llmsim.protocol.native.server import serve_app
 from llmsim.protocol.settings import ServerHandle
 from tests.protocol.helpers import H1Client, H2Client, TestApp, open_memory_connection, receive_all
@@ -65,7 +66,7 @@ async def test_h1_shutdown_lets_the_response_in_flight_finish_then_closes() -> N
 async def test_h1_shutdown_before_the_head_announces_connection_close() -> None:
     app = TestApp()
     async with open_memory_connection(app) as mc:
-        mc.connection.shutting_down = True  # as if shutdown began while the handler ran
+        mc.connection.phase = ConnectionPhase.DRAINING  # as if shutdown began while the handler ran
         head, _ = await H1Client(mc.client).request("GET", "/echo")
     assert (b"connection", b"close") in head.headers
 
@@ -79,7 +80,7 @@ async def _serve_until_cancelled(
     task_status: trio.TaskStatus[ServerHandle],
 ) -> None:
     with scope:
-        await serve_app(app, config, task_status=task_status)
+        await serve_app(app, config.server, task_status=task_status)
     done.set()
 
 
@@ -128,3 +129,21 @@ async def test_server_shutdown_cancels_what_is_left_at_the_grace_deadline(
     stats = handle.statistics()
     assert (stats.open_connections, stats.active_streams) == (0, 0)
     await stream.aclose()
+
+
+async def test_a_connection_moves_through_its_phases_and_never_back() -> None:
+    app = TestApp()
+    async with open_memory_connection(app) as mc:
+        connection = mc.connection
+        assert connection.phase is ConnectionPhase.NEGOTIATING
+        await mc.client.send_all(b"GET /hold HTTP/1.1\r\nHost: x\r\n\r\n")
+        await app.holding.wait()
+        assert connection.phase is ConnectionPhase.OPEN and not connection.shutting_down
+        connection.begin_shutdown()
+        connection.begin_shutdown()
+        assert connection.phase is ConnectionPhase.DRAINING and connection.shutting_down
+        app.release.set()
+        await receive_all(mc.client)  # the server half-closes once the response is out
+        assert connection.phase is ConnectionPhase.CLOSING
+        connection.begin_shutdown()
+        assert connection.phase is ConnectionPhase.CLOSING

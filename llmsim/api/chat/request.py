@@ -1,62 +1,51 @@
-"""Request bodies of /v1/chat/completions and /v1/completions, as attrs classes.
+"""The request body of POST /v1/chat/completions: structure, validation, and the
+conversation it asks the model to read.
 
 Structured from JSON by :mod:`llmsim.api.structure` (strict types, unknown fields
-ignored).  Field defaults follow vLLM's pydantic models: a field sent as ``null``
-counts as not set, except that ``max_tokens`` of /v1/completions defaults to 16 only
-when absent, as in vLLM.  :func:`check_generation_params` holds the rules that are
-about values rather than types (the messages are llm-d-inference-sim's);
-:func:`check_chat_params` adds chat's tool and logprob rules (vLLM's messages).
+ignored); the fields chat shares with completions are
+:class:`~llmsim.api.request_fields.GenerationParams`.  :func:`check_chat_params` adds
+chat's tool and logprob rules (vLLM's messages).
+
+Messages become :class:`~llmsim.model.tokenizer.ChatTurn` s for the chat template:
+text blocks are joined with newlines (as vLLM does for string content formats) and
+every image, audio or video block stands in as a short placeholder, so it costs a few
+prompt tokens.  Tool definitions and earlier tool calls are written into the prompt as
+a Hermes-style template does, so they cost tokens too.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
 from llmsim.api.errors import ApiError
-from llmsim.api.structure import FieldTypeError, converter, json_type_name, structure
+from llmsim.api.prompts import MEDIA, prompt_ids, tool_call_text, tools_turn
+from llmsim.api.request_fields import GenerationParams, InputAudio, MediaUrl, check_generation_params
+from llmsim.api.structure import FieldTypeError, converter, structure
 from llmsim.model.logprobs import MAX_TOP_LOGPROBS
+from llmsim.model.tokenizer import ChatTurn, Tokenizer
 from llmsim.model.tools import NamedToolChoice, ToolChoice
 
 __all__ = [
-    "COMPLETIONS_DEFAULT_MAX_TOKENS",
-    "MAX_COMPLETION_LOGPROBS",
+    "MEDIA_PLACEHOLDERS",
     "AssistantToolCall",
     "ChatCompletionRequest",
     "ChatMessage",
     "ChatTool",
-    "CompletionRequest",
     "ContentPart",
     "FunctionCall",
     "FunctionDefinition",
-    "GenerationParams",
-    "InputAudio",
-    "MediaUrl",
     "MessageContent",
-    "Prompt",
-    "StreamOptions",
+    "assistant_echo",
+    "chat_prompt_ids",
+    "chat_turns",
     "check_chat_params",
-    "check_generation_params",
+    "last_user_text",
     "parse_chat_request",
-    "parse_completion_request",
+    "tool_definition",
 ]
-
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest.max_tokens default
-MAX_COMPLETION_LOGPROBS = 5  # OpenAI's bound on /v1/completions ``logprobs``
-
-
-@attrs.frozen
-class MediaUrl:
-    """``{"url": ...}``; a bare URL string is accepted too (as vLLM does)."""
-
-    url: str
-
-
-@attrs.frozen
-class InputAudio:
-    data: str
-    format: str | None = None
 
 
 @attrs.frozen
@@ -111,45 +100,6 @@ class ChatTool:
     type: str = "function"  # the only type served (see _structure_tool)
 
 
-@attrs.frozen
-class StreamOptions:
-    include_usage: bool | None = None
-
-
-@attrs.frozen(kw_only=True)
-class GenerationParams:
-    """The fields chat and completions share."""
-
-    model: str | None = None
-    n: int | None = None
-    max_tokens: int | None = None
-    ignore_eos: bool | None = None
-    stream: bool | None = None
-    stream_options: StreamOptions | None = None
-    echo: bool | None = None
-
-    @property
-    def choices_per_prompt(self) -> int:
-        return 1 if self.n is None else self.n
-
-    @property
-    def streaming(self) -> bool:
-        return bool(self.stream)
-
-    @property
-    def include_usage(self) -> bool:
-        return self.stream_options is not None and bool(self.stream_options.include_usage)
-
-    @property
-    def requested_max_tokens(self) -> int | None:
-        return self.max_tokens
-
-    @property
-    def max_tokens_param(self) -> str:
-        """The name of the field the output cap came from (for error ``param``)."""
-        return "max_tokens"
-
-
 @attrs.frozen(kw_only=True)
 class ChatCompletionRequest(GenerationParams):
     messages: tuple[ChatMessage, ...]
@@ -179,30 +129,6 @@ class ChatCompletionRequest(GenerationParams):
         return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
 
 
-Prompt = str | tuple[str, ...] | tuple[int, ...] | tuple[tuple[int, ...], ...]
-
-
-@attrs.frozen(kw_only=True)
-class CompletionRequest(GenerationParams):
-    prompt: Prompt
-    max_tokens: int | None = COMPLETIONS_DEFAULT_MAX_TOKENS
-    logprobs: int | None = None
-
-
-def _structure_media_url(value: object, _: type) -> MediaUrl | None:
-    if value is None or isinstance(value, str):
-        return None if value is None else MediaUrl(value)
-    if isinstance(value, dict):
-        return MediaUrl(_structure_url(value.get("url")))
-    raise FieldTypeError("an object with a 'url' or a URL string", value)
-
-
-def _structure_url(value: object) -> str:
-    if isinstance(value, str):
-        return value
-    raise FieldTypeError("a 'url' string", value)
-
-
 def _structure_content(value: object, _: type) -> MessageContent:
     if value is None or isinstance(value, str):
         return value
@@ -211,33 +137,7 @@ def _structure_content(value: object, _: type) -> MessageContent:
     raise FieldTypeError("a string or an array of content parts", value)
 
 
-_PROMPT_FORMS_MESSAGE = (
-    "prompt must be a string, an array of strings, an array of token ids, or an array of arrays of token ids"
-)
-
-
-def _is_token_id(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _structure_prompt(value: object, _: type) -> Prompt:
-    """The four prompt forms.  An empty array is kept: the endpoint reports it with
-    llm-d-inference-sim's message."""
-    if isinstance(value, str):
-        return value
-    if not isinstance(value, list):
-        message = f"{_PROMPT_FORMS_MESSAGE}, got {json_type_name(value)}"
-        raise ValueError(message)
-    if all(isinstance(item, str) for item in value):
-        return tuple(value)
-    if all(_is_token_id(item) for item in value):
-        return tuple(value)
-    if all(isinstance(item, list) and all(_is_token_id(t) for t in item) for item in value):
-        return tuple(tuple(item) for item in value)
-    raise ValueError(f"{_PROMPT_FORMS_MESSAGE}; one array must not mix these kinds")
-
-
-_TOOL_CHOICE_MODES = ("none", "auto", "required")
+_TOOL_CHOICE_MODES: dict[str, ToolChoice] = {"none": "none", "auto": "auto", "required": "required"}
 _NAMED_USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
 
 
@@ -248,8 +148,9 @@ def _structure_tool_choice(value: object, _: type) -> ToolChoice | None:
     if value is None:
         return None
     if isinstance(value, str):
-        if value in _TOOL_CHOICE_MODES:
-            return value  # type: ignore[return-value]
+        mode = _TOOL_CHOICE_MODES.get(value)
+        if mode is not None:
+            return mode
         raise ValueError(
             f'Invalid value for `tool_choice`: {value}! Only named tools, "none", "auto" or "required" are supported.'
         )
@@ -281,25 +182,13 @@ def _structure_tool(value: object, type_: type) -> ChatTool:
     """A function tool; vLLM serves no other type (``custom`` tools are a 400)."""
     if isinstance(value, dict) and value.get("type", "function") != "function":
         raise ValueError(f"only function tools are supported, got type {value['type']!r}")
-    return _structure_tool_fields(value, type_)  # type: ignore[no-any-return]
+    tool: ChatTool = _structure_tool_fields(value, type_)
+    return tool
 
 
-converter.register_structure_hook_func(lambda t: t == (MediaUrl | None), _structure_media_url)
 converter.register_structure_hook_func(lambda t: t == MessageContent, _structure_content)
-converter.register_structure_hook_func(lambda t: t == Prompt, _structure_prompt)
 converter.register_structure_hook_func(lambda t: t == (ToolChoice | None), _structure_tool_choice)
 converter.register_structure_hook(ChatTool, _structure_tool)
-
-
-def check_generation_params(request: GenerationParams) -> None:
-    """Value rules shared by chat and completions; ApiError 400 on the first broken one."""
-    if request.n is not None and request.n < 1:
-        raise ApiError(400, "n must be at least 1", param="n")
-    max_tokens = request.requested_max_tokens
-    if max_tokens is not None and max_tokens < 1:
-        raise ApiError(400, "Max completion tokens and max tokens should be positive", param=request.max_tokens_param)
-    if request.stream_options is not None and not request.streaming:
-        raise ApiError(400, "Stream options can only be defined when stream is True.", param="stream_options")
 
 
 def check_chat_params(request: ChatCompletionRequest) -> None:
@@ -329,11 +218,87 @@ def parse_chat_request(body: dict[str, Any]) -> ChatCompletionRequest:
     return request
 
 
-def parse_completion_request(body: dict[str, Any]) -> CompletionRequest:
-    request = structure(body, CompletionRequest)
-    check_generation_params(request)
-    logprobs = request.logprobs
-    if logprobs is not None and not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS:
-        message = f"`logprobs` must be between 0 and {MAX_COMPLETION_LOGPROBS}, got {logprobs}."
-        raise ApiError(400, message, param="logprobs")
-    return request
+# --- the conversation --------------------------------------------------------------------
+
+#: The text a non-text content block contributes to the prompt.
+MEDIA_PLACEHOLDERS = {
+    "image_url": MEDIA["image"],
+    "input_audio": MEDIA["audio"],
+    "audio_url": MEDIA["audio"],
+    "video_url": MEDIA["video"],
+}
+
+
+def _part_text(part: ContentPart, where: str) -> str:
+    if part.type == "text":
+        if part.text is None:
+            raise ApiError(400, f"Content part {where} of type 'text' has no 'text'.", param=f"{where}.text")
+        return part.text
+    placeholder = MEDIA_PLACEHOLDERS.get(part.type)
+    if placeholder is None:
+        known = ", ".join(["text", *MEDIA_PLACEHOLDERS])
+        message = f"Unknown content part type {part.type!r} in {where}; use one of: {known}."
+        raise ApiError(400, message, param=f"{where}.type")
+    if getattr(part, part.type) is None:
+        message = f"Content part {where} of type {part.type!r} has no {part.type!r} object."
+        raise ApiError(400, message, param=f"{where}.{part.type}")
+    return placeholder
+
+
+def _message_text(message: ChatMessage, index: int, *, with_media: bool) -> str:
+    """The text of ``messages[index]``.  (Its location is spelled out only for a
+    content-part list, the one form that can be malformed here.)"""
+    content = message.content
+    if content is None or isinstance(content, str):
+        return content or ""
+    where = f"messages[{index}]"
+    texts = [_part_text(part, f"{where}.content[{i}]") for i, part in enumerate(content)]
+    if not with_media:
+        texts = [text for part, text in zip(content, texts, strict=True) if part.type == "text"]
+    return "\n".join(texts)
+
+
+def _turn_text(message: ChatMessage, index: int) -> str:
+    text = _message_text(message, index, with_media=True)
+    if not message.tool_calls:
+        return text
+    calls = [tool_call_text(call.function.name, call.function.arguments) for call in message.tool_calls]
+    return "\n".join([text, *calls] if text else calls)
+
+
+def chat_turns(messages: Sequence[ChatMessage], tools: Sequence[ChatTool] | None = None) -> list[ChatTurn]:
+    """The conversation as the chat template sees it, the tool definitions first; 400 on
+    a malformed content part."""
+    turns = [ChatTurn(message.role, _turn_text(message, i)) for i, message in enumerate(messages)]
+    if tools:
+        turns.insert(0, tools_turn([tool_definition(tool) for tool in tools]))
+    return turns
+
+
+def tool_definition(tool: ChatTool) -> dict[str, object]:
+    """A tool as the prompt shows it (unset fields left out)."""
+    function = attrs.asdict(tool.function, filter=lambda _, value: value is not None)
+    return {"type": tool.type, "function": function}
+
+
+def chat_prompt_ids(
+    tokenizer: Tokenizer, messages: Sequence[ChatMessage], tools: Sequence[ChatTool] | None = None
+) -> list[int]:
+    """The prompt token ids of a chat request (template applied, generation prompt added)."""
+    return prompt_ids(tokenizer, chat_turns(messages, tools))
+
+
+def last_user_text(messages: Sequence[ChatMessage]) -> str:
+    """The text of the last user message: what ``--mode echo`` replays ("" if none)."""
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].role == "user":
+            return _message_text(messages[i], i, with_media=False)
+    return ""
+
+
+def assistant_echo(messages: Sequence[ChatMessage]) -> str | None:
+    """With ``echo: true``, vLLM prepends the last message to the answer when that
+    message is the assistant's own (a continuation); otherwise nothing."""
+    if not messages or messages[-1].role != "assistant":
+        return None
+    return _message_text(messages[-1], len(messages) - 1, with_media=False) or None

@@ -1,0 +1,429 @@
+"""The option groups: what each part of llmsim can be told, with its checks and its docs.
+
+Every setting is a field of one frozen group (:class:`ModelOptions`, :class:`EngineOptions`,
+:class:`LatencyOptions`, :class:`ToolCallOptions`, :class:`ServerOptions`).  Its flag help,
+metavar, help default, whether it is a duration and whether llm-d-inference-sim has the
+same key travel with the field as :class:`OptionDoc` metadata (see :func:`option`), so
+that ``--help``, the docs' flag table and the loaders are all built from this one place.
+
+This module is the bottom layer: the engine, the model and the schema generator take
+their group from here, without importing the configuration loader or the CLI.
+Durations are seconds (floats).  Values are typed here; the lenient reading of text
+(``"100ms"``, ``"yes"``, ``"a,b"``) is the loader's job (:mod:`llmsim.config`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "MAX_STD_DEV_FRACTION",
+    "ConfigError",
+    "EngineOptions",
+    "LatencyOptions",
+    "ModelOptions",
+    "OptionDoc",
+    "ServerOptions",
+    "ToolCallOptions",
+    "option",
+    "option_doc",
+    "option_key",
+]
+
+DEFAULT_MODEL = "llmsim/sim-model"
+
+
+class ConfigError(ValueError):
+    """A configuration value or key is invalid.  ``key`` names it in kebab-case."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"invalid configuration: {key}: {message}")
+        self.key = key
+
+
+# --- field metadata ----------------------------------------------------------------------
+
+_METADATA_KEY = "llmsim.option"
+
+
+@attrs.frozen
+class OptionDoc:
+    """How one option reads on the command line, in ``--help`` and in the docs.
+
+    ``shown_default`` replaces the default in ``--help`` and the flag table when the
+    value itself needs words; ``key`` is the flag and YAML key when it is not the field
+    name in kebab-case; ``llmd`` says whether llm-d-inference-sim has the same key.
+    """
+
+    help: str
+    metavar: str = ""
+    shown_default: str | None = None
+    duration: bool = False
+    key: str | None = None
+    llmd: bool = True
+
+
+if TYPE_CHECKING:
+    _Validator = Callable[[Any, attrs.Attribute[Any], Any], None]
+
+
+def option(
+    default: object,
+    *,
+    help: str,
+    metavar: str = "",
+    shown_default: str | None = None,
+    duration: bool = False,
+    key: str | None = None,
+    llmd: bool = True,
+    choices: tuple[str, ...] = (),
+    validator: _Validator | None = None,
+) -> Any:
+    """An ``attrs`` field carrying its :class:`OptionDoc`.
+
+    ``choices`` adds a one-of check and, without a ``metavar``, shows them as
+    ``{a,b}`` (an empty choice is allowed but not shown).  Durations get the
+    metavar ``DURATION`` and a non-negative check.
+    """
+    validators: list[_Validator] = []
+    if choices:
+        validators.append(_one_of(choices))
+        metavar = metavar or "{" + ",".join(choice for choice in choices if choice) + "}"
+    if duration:
+        validators.append(_non_negative)
+        metavar = metavar or "DURATION"
+    if validator is not None:
+        validators.append(validator)
+    doc = OptionDoc(help, metavar, shown_default, duration, key, llmd)
+    return attrs.field(default=default, validator=validators, metadata={_METADATA_KEY: doc})
+
+
+def option_doc(attribute: attrs.Attribute[Any]) -> OptionDoc:
+    """The :class:`OptionDoc` of a group field."""
+    doc = attribute.metadata.get(_METADATA_KEY)
+    if not isinstance(doc, OptionDoc):
+        raise TypeError(f"{attribute.name} is not an option (declare it with llmsim.options.option)")
+    return doc
+
+
+def option_key(attribute: attrs.Attribute[Any]) -> str:
+    """The kebab-case flag and YAML key of a group field."""
+    doc = attribute.metadata.get(_METADATA_KEY)
+    if isinstance(doc, OptionDoc) and doc.key is not None:
+        return doc.key
+    return attribute.name.replace("_", "-")
+
+
+# --- validators ----------------------------------------------------------------------------
+
+
+def _non_negative(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if value < 0:
+        raise ConfigError(option_key(attribute), f"must be >= 0, got {value}")
+
+
+def _positive(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if value <= 0:
+        raise ConfigError(option_key(attribute), f"must be > 0, got {value}")
+
+
+def _positive_or_unset(instance: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
+    if value is not None:
+        _positive(instance, attribute, value)
+
+
+def _percent(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    if not 0 <= value <= 100:
+        raise ConfigError(option_key(attribute), f"must be a percentage in 0..100, got {value}")
+
+
+def _port(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    if not 0 <= value <= 65535:
+        raise ConfigError(option_key(attribute), f"must be in 0..65535, got {value}")
+
+
+def _at_least_one(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if value < 1.0:
+        raise ConfigError(option_key(attribute), f"must be >= 1.0, got {value}")
+
+
+def _one_of(choices: tuple[str, ...]) -> _Validator:
+    def check(instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
+        if value not in choices:
+            shown = ", ".join(repr(choice) for choice in choices)
+            raise ConfigError(option_key(attribute), f"must be one of {shown}, got {value!r}")
+
+    return check
+
+
+def _check_ranges(instance: attrs.AttrsInstance, ranges: Iterable[tuple[str, str]]) -> None:
+    """Each ``(low, high)`` pair of field names must hold ``low <= high``; else a
+    ConfigError naming the low one: ``min-x: must be <= max-x (5), got 6``."""
+    fields = attrs.fields_dict(type(instance))
+    for low, high in ranges:
+        value, bound = getattr(instance, low), getattr(instance, high)
+        if value > bound:
+            raise ConfigError(option_key(fields[low]), f"must be <= {option_key(fields[high])} ({bound}), got {value}")
+
+
+# --- the groups ----------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ModelOptions:
+    """The simulated model: its names, its context window, what it says."""
+
+    name: str = option(
+        DEFAULT_MODEL,
+        key="model",
+        metavar="NAME",
+        help="base model name (the `root` of /v1/models); also read from SIM_MODEL",
+    )
+    served_model_name: tuple[str, ...] = option(
+        (),
+        metavar="NAME",
+        shown_default="the --model name",
+        help="names requests may use; the first is the one reported in responses",
+    )
+    max_model_len: int = option(
+        32768, metavar="TOKENS", validator=_positive, help="context window: prompt plus max tokens must fit"
+    )
+    mode: str = option(
+        "random",
+        choices=("random", "echo"),
+        help="random: text from a built-in corpus; echo: the last user message back",
+    )
+    seed: int | None = option(
+        None, metavar="INT", shown_default="unset, so each run differs", help="makes every output reproducible"
+    )
+    tokenizer: str | None = option(
+        None,
+        metavar="PATH",
+        shown_default="the built-in simulated tokenizer",
+        llmd=False,
+        help="a local HF tokenizer.json, or a directory holding one; never fetched from the network",
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if not all(self.served_model_name):
+            raise ConfigError("served-model-name", "names must not be empty")
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """Names a request may use; the first is the one reported in responses."""
+        return self.served_model_name or (self.name,)
+
+    @property
+    def display_model(self) -> str:
+        return self.model_names[0]
+
+
+@attrs.frozen(kw_only=True)
+class EngineOptions:
+    """Running slots, the waiting queue and the token budget of one engine step."""
+
+    max_num_seqs: int = option(
+        256, metavar="N", validator=_positive, help="running slots: requests decoded together, one token per step"
+    )
+    max_waiting_queue_length: int = option(
+        1000, metavar="N", validator=_non_negative, help="requests that may wait for a slot; beyond that, 429"
+    )
+    max_num_batched_tokens: int | None = option(
+        None,
+        metavar="TOKENS",
+        shown_default="8192 or max-num-seqs if larger",
+        llmd=False,
+        validator=_positive_or_unset,
+        help="token budget of one engine step; long prompts prefill in chunks",
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError(
+                "max-num-batched-tokens",
+                f"({self.max_num_batched_tokens}) must be >= max-num-seqs ({self.max_num_seqs}), as vLLM requires: "
+                "every running sequence needs one token of each step's budget",
+            )
+
+    @property
+    def batched_token_budget(self) -> int:
+        """Tokens per engine step: max-num-batched-tokens, or by default
+        max(8192, max-num-seqs) so that decoding never starves prefill."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return max(8192, self.max_num_seqs)
+
+
+#: A standard deviation may be at most this fraction of its mean (llm-d-inference-sim's rule).
+MAX_STD_DEV_FRACTION = 0.3
+
+
+@attrs.frozen(kw_only=True)
+class LatencyOptions:
+    """llm-d-inference-sim's latency model: TTFT calculators, inter-token latency, jitter, load."""
+
+    latency_calculator: str = option(
+        "",
+        choices=("", "constant", "per-token"),
+        shown_default="automatic",
+        help="how TTFT is computed; empty: per-token when --time-to-first-token and its std-dev are 0, else constant",
+    )
+    time_to_first_token: float = option(0.0, duration=True, help="mean time to the first token (constant calculator)")
+    time_to_first_token_std_dev: float = option(
+        0.0, duration=True, help="Gaussian jitter of the TTFT, at most 30% of it"
+    )
+    inter_token_latency: float = option(
+        0.0, duration=True, help="mean time between two tokens of a stream (one engine step)"
+    )
+    inter_token_latency_std_dev: float = option(
+        0.0, duration=True, help="Gaussian jitter of the inter-token latency, at most 30% of it"
+    )
+    prefill_overhead: float = option(0.0, duration=True, help="fixed part of the prefill time (per-token calculator)")
+    prefill_time_per_token: float = option(
+        0.0, duration=True, help="prefill time per uncached prompt token (per-token calculator)"
+    )
+    prefill_time_std_dev: float = option(0.0, duration=True, help="Gaussian jitter of the whole prefill time")
+    kv_cache_transfer_latency: float = option(
+        0.0, duration=True, help="TTFT of a request with do_remote_prefill (constant calculator)"
+    )
+    kv_cache_transfer_latency_std_dev: float = option(
+        0.0, duration=True, help="Gaussian jitter of the KV-cache transfer latency, at most 30% of it"
+    )
+    kv_cache_transfer_time_per_token: float = option(
+        0.0, duration=True, help="KV-cache transfer time per prompt token with do_remote_prefill (per-token calculator)"
+    )
+    kv_cache_transfer_time_std_dev: float = option(
+        0.0, duration=True, help="Gaussian jitter of the per-token KV-cache transfer time"
+    )
+    time_factor_under_load: float = option(
+        1.0,
+        metavar="FACTOR",
+        validator=_at_least_one,
+        help="latency multiplier at max-num-seqs running requests, rising linearly from 1 at one (>= 1)",
+    )
+
+    def __attrs_post_init__(self) -> None:
+        for mean_name, sd_name in (
+            ("time_to_first_token", "time_to_first_token_std_dev"),
+            ("inter_token_latency", "inter_token_latency_std_dev"),
+            ("kv_cache_transfer_latency", "kv_cache_transfer_latency_std_dev"),
+        ):
+            mean, sd = getattr(self, mean_name), getattr(self, sd_name)
+            if sd > MAX_STD_DEV_FRACTION * mean + 1e-12:
+                raise ConfigError(
+                    sd_name.replace("_", "-"),
+                    f"must be at most {MAX_STD_DEV_FRACTION:.0%} of {mean_name.replace('_', '-')} ({mean}s), got {sd}s",
+                )
+
+
+@attrs.frozen(kw_only=True)
+class ToolCallOptions:
+    """llm-d-inference-sim's tool-call knobs, with its defaults.
+
+    They steer what :mod:`llmsim.model.tools` plans (how many calls) and what
+    :mod:`llmsim.schema.jsonschema` generates (optional properties, number ranges,
+    array lengths); explicit schema bounds always win over them.
+    """
+
+    min_tool_call_integer_param: int = option(
+        0, metavar="N", help="smallest generated integer argument, unless the schema sets it"
+    )
+    max_tool_call_integer_param: int = option(
+        100, metavar="N", help="largest generated integer argument, unless the schema sets it"
+    )
+    min_tool_call_number_param: float = option(
+        0.0, metavar="X", help="smallest generated number argument, unless the schema sets it"
+    )
+    max_tool_call_number_param: float = option(
+        100.0, metavar="X", help="largest generated number argument, unless the schema sets it"
+    )
+    min_tool_call_array_param_length: int = option(
+        1, metavar="N", validator=_non_negative, help="shortest generated array argument, unless the schema sets it"
+    )
+    max_tool_call_array_param_length: int = option(
+        5, metavar="N", validator=_non_negative, help="longest generated array argument, unless the schema sets it"
+    )
+    tool_call_not_required_param_probability: int = option(
+        50, metavar="PERCENT", validator=_percent, help="chance that an optional top-level argument is generated"
+    )
+    object_tool_call_not_required_field_probability: int = option(
+        50, metavar="PERCENT", validator=_percent, help="chance that an optional field of a nested object is generated"
+    )
+    tool_call_extra_call_probability: int = option(
+        45,
+        metavar="PERCENT",
+        validator=_percent,
+        help="chance of one more tool call after each one (tool_choice auto/required)",
+    )
+
+    def __attrs_post_init__(self) -> None:
+        _check_ranges(
+            self,
+            (
+                ("min_tool_call_integer_param", "max_tool_call_integer_param"),
+                ("min_tool_call_number_param", "max_tool_call_number_param"),
+                ("min_tool_call_array_param_length", "max_tool_call_array_param_length"),
+            ),
+        )
+
+
+@attrs.frozen(kw_only=True)
+class ServerOptions:
+    """Where and how the server listens, its protocol limits and its shutdown."""
+
+    host: str = option("127.0.0.1", metavar="HOST", llmd=False, help="address to listen on")
+    port: int = option(8000, metavar="PORT", validator=_port, help="TCP port; 0 picks a free one")
+    backend: str = option(
+        "native",
+        key="server",
+        choices=("native", "hypercorn"),
+        llmd=False,
+        help="native: llmsim's own HTTP/1.1 and HTTP/2 handlers; hypercorn: the ASGI app under hypercorn",
+    )
+    ssl_certfile: str | None = option(
+        None, metavar="PATH", shown_default="unset", help="TLS certificate chain (PEM), with --ssl-keyfile"
+    )
+    ssl_keyfile: str | None = option(
+        None, metavar="PATH", shown_default="unset", help="TLS private key (PEM), with --ssl-certfile"
+    )
+    self_signed_certs: bool = option(False, help="serve TLS with a freshly generated self-signed certificate")
+    max_request_body_size_mb: float = option(
+        4.0, metavar="MiB", validator=_positive, help="largest request body accepted, in MiB; larger ones get 413"
+    )
+    max_concurrent_streams: int = option(
+        1000,
+        metavar="N",
+        llmd=False,
+        validator=_positive,
+        help="HTTP/2 streams per connection; more are refused with REFUSED_STREAM",
+    )
+    header_read_timeout: float = option(
+        10.0, duration=True, llmd=False, validator=_positive, help="time a client has to send a request's headers"
+    )
+    keep_alive_timeout: float = option(
+        75.0, duration=True, llmd=False, validator=_positive, help="idle time after which a connection is closed"
+    )
+    shutdown_grace_period: float = option(
+        5.0, duration=True, llmd=False, help="on SIGINT/SIGTERM, time in-flight streams get to finish"
+    )
+    startup_duration: float = option(
+        0.0, duration=True, help="GET /health/ready answers 503 for this long after start-up"
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ConfigError("ssl-certfile", "ssl-certfile and ssl-keyfile must be given together")
+        if self.self_signed_certs and self.ssl_certfile is not None:
+            raise ConfigError("self-signed-certs", "cannot be combined with ssl-certfile/ssl-keyfile")
+
+    @property
+    def tls_enabled(self) -> bool:
+        return self.self_signed_certs or self.ssl_certfile is not None
+
+    @property
+    def max_request_body_bytes(self) -> int:
+        return int(self.max_request_body_size_mb * 1024 * 1024)
