@@ -1,6 +1,7 @@
-"""``python -m benchmarks [scenario ...] [--quick] [--processes N]``: run the scenarios.
+"""``python -m benchmarks [scenario ...] [--quick] [--processes N] [--against DIR]``: run the scenarios.
 
-With no scenario named, all of them run, cheapest first.  Every server is a subprocess on
+With no scenario named, all of them run, cheapest first (``compare``, which needs
+``--against``, only when named).  Every server is a subprocess on
 127.0.0.1; every load is bounded in time.  Tables go to stdout, JSON and PNG files to
 benchmarks/results/.
 """
@@ -10,27 +11,36 @@ from __future__ import annotations
 import argparse
 import importlib
 import time
+from pathlib import Path
 
 import attrs
 
 from benchmarks.scenarios import Options
 
 SCENARIOS = ("startup", "ceiling", "throughput", "fidelity", "memory")
+ON_REQUEST = ("compare",)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     parser.add_argument(
-        "scenarios", nargs="*", metavar="scenario", help=f"any of: {', '.join(SCENARIOS)} (default: all)"
+        "scenarios",
+        nargs="*",
+        metavar="scenario",
+        help=f"any of: {', '.join(SCENARIOS + ON_REQUEST)} (default: all but compare)",
     )
     parser.add_argument("--quick", action="store_true", help="short loads: a smoke run, noisier numbers")
     default_processes = attrs.fields(Options).processes.default
     parser.add_argument("--processes", type=int, default=default_processes, help="load-generator worker processes")
+    parser.add_argument(
+        "--against", type=Path, metavar="DIR", help="compare: a checkout of the llmsim revision to compare with"
+    )
     args = parser.parse_args()
-    unknown = sorted(set(args.scenarios) - set(SCENARIOS))
+    known = SCENARIOS + ON_REQUEST
+    unknown = sorted(set(args.scenarios) - set(known))
     if unknown:
-        parser.error(f"unknown scenario {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
-    options = Options(quick=args.quick, processes=args.processes)
+        parser.error(f"unknown scenario {', '.join(unknown)}; choose from {', '.join(known)}")
+    options = Options(quick=args.quick, processes=args.processes, against=args.against)
     for name in args.scenarios or SCENARIOS:
         started = time.perf_counter()
         print(f"\n=== {name} ===", flush=True)

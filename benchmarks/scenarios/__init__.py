@@ -15,11 +15,13 @@ class Options:
     """Settings shared by every scenario.
 
     ``quick`` shortens every timed load (for smoke runs; the numbers get noisier);
-    ``processes`` is how many load-generator worker processes share the connections.
+    ``processes`` is how many load-generator worker processes share the connections;
+    ``against`` is the other llmsim checkout of the ``compare`` scenario.
     """
 
     quick: bool = False
     processes: int = 2
+    against: Path | None = None
     results_dir: Path = Path(__file__).resolve().parent.parent / "results"
 
     @property

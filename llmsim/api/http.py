@@ -5,8 +5,9 @@
 runs ``await app.handle(request, response)`` in a task it can cancel.  The API never
 touches sockets: it calls :meth:`ResponseStream.start`, :meth:`~ResponseStream.write`
 and :meth:`~ResponseStream.end`, all synchronous and non-blocking.  Bytes written are
-buffered on the stream and flushed by the connection's single writer task, so every
-write made during one engine step leaves in one socket write per connection.
+buffered on the stream; what every stream of a connection wrote during one engine step
+leaves in one socket send for that connection (the protocol layer decides who sends:
+see ``WriteCoalescer`` in :mod:`llmsim.protocol.native.connection`).
 
 A response moves through the states of :mod:`llmsim.api.response_state` (re-exported
 here); every implementation moves through the same table.  When the client goes away

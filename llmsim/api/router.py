@@ -133,7 +133,8 @@ class Router:
 class Api:
     """The :class:`~llmsim.api.http.Application` of llmsim: routes, runs, and turns errors
     into envelopes.  An ApiError after the response started is the handler's to report
-    in-band; here it can only end the stream."""
+    in-band; here it can only end the stream.  Any other exception after the start is
+    re-raised, so that the protocol layer aborts the response on the wire."""
 
     def __init__(self, ctx: ApiContext, router: Router) -> None:
         self.ctx = ctx
@@ -150,6 +151,11 @@ class Api:
         except ApiError as error:
             self._send_error(response, error, resolved.error_style)
         except Exception:
+            if response.started:
+                # The head is on its way: only the protocol layer can tell the client that
+                # this body is cut short (RST_STREAM, or a close mid-body), which it does for
+                # a handler that raises.  Ending the body here would make it look complete.
+                raise
             log.exception("unexpected error answering %s %s", request.method, request.path)
             self._send_error(response, ApiError(500, "Internal server error"), resolved.error_style)
 

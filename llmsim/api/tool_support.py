@@ -1,4 +1,4 @@
-"""Function tools of /v1/responses and /v1/messages on the engine's tool planner
+"""Function tools of /v1/responses and /v1/messages on the model's tool planner
 (:mod:`llmsim.model.tools`): schema checks as 400s.
 
 A tool's parameters schema is compiled once per request; compiling is validating, so

@@ -3,11 +3,14 @@ exact routes (which must never outlive a change of the routes)."""
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from llmsim.api.context import Call
 from llmsim.api.errors import ApiError
-from llmsim.api.router import ErrorStyle, Router
+from llmsim.api.http import HttpRequest
+from llmsim.api.router import Api, ErrorStyle, Router
+from tests.api.fakes import FakeResponse, make_simulator
 
 
 async def get_models(call: Call) -> None:
@@ -65,3 +68,33 @@ def test_a_route_added_later_is_served() -> None:
     router.add("GET", "/v1/models", post_models)
     assert router.resolve("POST", "/v1/models").handler is post_models
     assert router.resolve("GET", "/v1/models").handler is post_models
+
+
+def _failing_api(*, after_start: bool) -> Api:
+    """An Api whose one route fails unexpectedly, before or after starting its response."""
+
+    async def fail(call: Call) -> None:
+        if after_start:
+            call.response.start(200, ((b"content-type", b"text/event-stream"),))
+            call.response.write(b"data: 1\n\n")
+        raise RuntimeError("a bug in a handler")
+
+    router = Router()
+    router.add("GET", "/fails", fail)
+    return Api(make_simulator().ctx, router)
+
+
+async def test_a_failure_before_the_start_is_a_500_in_the_envelope() -> None:
+    response = FakeResponse()
+    await _failing_api(after_start=False).handle(HttpRequest("GET", "/fails"), response)
+    assert response.status == 500
+    assert orjson.loads(response.body)["error"]["code"] == 500
+
+
+async def test_a_failure_after_the_start_reaches_the_protocol_layer_instead_of_a_clean_end() -> None:
+    """The protocol layer aborts a started response whose handler raises (RST_STREAM, or a
+    close mid-body); ending it here would hand the client a truncated body that looks whole."""
+    response = FakeResponse()
+    with pytest.raises(RuntimeError, match="a bug in a handler"):
+        await _failing_api(after_start=True).handle(HttpRequest("GET", "/fails"), response)
+    assert not response.ended

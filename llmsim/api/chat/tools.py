@@ -2,8 +2,8 @@
 choice says — tool calls or text — planned before its job is built.
 
 Each choice draws from its own RNG (the one its text would come from), so a request
-is reproducible under ``--seed``: first the engine decides the calls (llm-d-inference-
-sim's rules for ``tool_choice``), then each call gets an id; a choice without calls
+is reproducible under ``--seed``: first the tool planner (:mod:`llmsim.model.tools`) decides the
+calls (llm-d-inference-sim's rules for ``tool_choice``), then each call gets an id; a choice without calls
 answers with text.  A choice's output pieces are its calls' arguments, token by token,
 cut at the request's output cap like any text.
 """
@@ -56,7 +56,7 @@ def plan_choices(
     echo_text: str,
 ) -> list[TurnPlan]:
     """What each choice says: its tool calls (at most one without
-    ``parallel_tool_calls``), or text when the engine chose none."""
+    ``parallel_tool_calls``), or text when the planner chose none."""
     options = ctx.tool_calls
     cap = output_cap(ctx, prompt_tokens, max_tokens)
     plans = []

@@ -4,8 +4,10 @@ A :class:`~llmsim.protocol.native.connection.Connection` owns the socket and exa
 long-lived tasks: a reader that hands every received chunk to
 :meth:`ProtocolHandler.receive`, and a writer that, whenever woken, asks
 :meth:`ProtocolHandler.outgoing` for *all* pending bytes and sends them with one
-``send_all``.  The handlers (HTTP/1.1 on h11, HTTP/2 on h2) are synchronous: they
-never await, they only parse, buffer, spawn request handlers and wake the writer.
+``send_all`` (right after an engine step, the engine task asks and sends instead, through
+``Connection.flush_now``, while the writer has nothing in flight).  The handlers
+(HTTP/1.1 on h11, HTTP/2 on h2) are synchronous: they never await, they only parse,
+buffer, spawn request handlers and wake the writer.
 """
 
 from __future__ import annotations

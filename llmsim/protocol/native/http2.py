@@ -2,10 +2,11 @@
 
 Each stream is one :class:`Http2Stream` (request head and body while it arrives, then
 the response buffer, window state and handler scope), kept in one dict and dropped on
-end, reset and connection loss alike.  Writes only queue the stream; the writer's
-:meth:`Http2Handler.outgoing` walks the queue once, sends each stream's bytes as DATA
-frames within its flow-control window and the peer's MAX_FRAME_SIZE, and returns the
-whole batch for a single ``send_all``.  A stream whose window is exhausted is marked
+end, reset and connection loss alike.  Writes only queue the stream;
+:meth:`Http2Handler.outgoing` (called by the connection's writer task, or by the engine
+task right after a step) walks the queue once, sends each stream's bytes as DATA frames
+within its flow-control window and the peer's MAX_FRAME_SIZE, and returns the whole
+batch for a single ``send_all``.  A stream whose window is exhausted is marked
 ``blocked`` and leaves the queue until its WINDOW_UPDATE, so it never holds up others.
 """
 

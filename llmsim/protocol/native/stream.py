@@ -5,8 +5,9 @@ decided, the body bytes not yet handed to the wire, the callbacks, and the cance
 scope of the handler task (the part both backends share is
 :class:`~llmsim.protocol.response.BufferedResponse`).  The API side
 (``start``/``write``/``end``) only appends and tells its :class:`NativeHost` (the
-HTTP/1.1 or HTTP/2 connection) that there is something to send; the connection's
-single writer task takes the bytes out (``take_head``/``take``), and reports back
+HTTP/1.1 or HTTP/2 connection) that there is something to send; whoever sends for
+the connection — its writer task, or the engine task right after a step
+(``Connection.flush_now``) — takes the bytes out (``take_head``/``take``), and reports back
 (``flushed``, ``finish``, ``abort``).  When the stream ends, is reset or its
 connection is lost, the connection drops this one object and nothing about the stream
 remains anywhere else.
