@@ -131,6 +131,16 @@ def _positive(instance: object, attribute: attrs.Attribute[Any], value: float) -
         raise ConfigError(option_key(attribute), f"must be > 0, got {value}")
 
 
+def _non_negative_or_unset(instance: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
+    if value is not None:
+        _non_negative(instance, attribute, value)
+
+
+def _at_least_minus_one(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    if value < -1:
+        raise ConfigError(option_key(attribute), f"must be -1 (no cap) or >= 0, got {value}")
+
+
 def _positive_or_unset(instance: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
     if value is not None:
         _positive(instance, attribute, value)
@@ -190,7 +200,17 @@ class ModelOptions:
         help="names requests may use; the first is the one reported in responses",
     )
     max_model_len: int = option(
-        32768, metavar="TOKENS", validator=_positive, help="context window: prompt plus max tokens must fit"
+        32768,
+        metavar="TOKENS",
+        validator=_positive,
+        help="context window; max tokens are clamped to what the prompt leaves (400 if either alone exceeds it)",
+    )
+    max_logprobs: int = option(
+        20,
+        metavar="N",
+        llmd=False,
+        validator=_at_least_minus_one,
+        help="most logprobs a request may ask for per token (completions logprobs, top_logprobs); -1: the vocabulary",
     )
     mode: str = option(
         "random",
@@ -231,6 +251,14 @@ class EngineOptions:
     )
     max_waiting_queue_length: int = option(
         1000, metavar="N", validator=_non_negative, help="requests that may wait for a slot; beyond that, 429"
+    )
+    max_num_queued_reqs: int | None = option(
+        None,
+        metavar="N",
+        shown_default="unset, no cap",
+        llmd=False,
+        validator=_non_negative_or_unset,
+        help="vLLM's cap on requests in flight (running plus waiting); a request beyond it gets 503",
     )
     max_num_batched_tokens: int | None = option(
         None,

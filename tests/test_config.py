@@ -113,6 +113,9 @@ def test_the_readme_example() -> None:
         ({"served_model_name": ["a", "b"]}, "model", "served_model_name", ("a", "b")),
         ({"tokenizer": ""}, "model", "tokenizer", None),
         ({"max_num_batched_tokens": "300"}, "engine", "max_num_batched_tokens", 300),
+        ({"max_logprobs": "-1"}, "model", "max_logprobs", -1),  # vLLM: -1 lifts the cap to the vocabulary
+        ({"max_num_queued_reqs": "0"}, "engine", "max_num_queued_reqs", 0),
+        ({"max_num_queued_reqs": ""}, "engine", "max_num_queued_reqs", None),
     ],
 )
 def test_python_values_are_read_leniently(
@@ -231,6 +234,8 @@ def test_mapping_accepts_kebab_and_snake_keys_and_keeps_the_base() -> None:
         ({"ssl-certfile": "cert.pem"}, "ssl-certfile"),
         ({"min-tool-call-number-param": 5, "max-tool-call-number-param": 1}, "min-tool-call-number-param"),
         ({"max-num-batched-tokens": 10, "max-num-seqs": 20}, "max-num-batched-tokens"),
+        ({"max-logprobs": -2}, "max-logprobs"),  # vLLM's ModelConfig.max_logprobs: ge=-1
+        ({"max-num-queued-reqs": -1}, "max-num-queued-reqs"),  # vLLM's SchedulerConfig: ge=0
     ],
 )
 def test_mapping_errors_name_the_key(values: dict[str, object], key: str) -> None:
@@ -408,6 +413,9 @@ def test_defaults_without_any_source() -> None:
     config = load_config(environ={})
     assert config == Config()
     assert (config.server.host, config.server.port, config.model.name) == ("127.0.0.1", 8000, "llmsim/sim-model")
+    # vLLM 0.33's defaults: ModelConfig.max_logprobs 20, SchedulerConfig.max_num_queued_reqs None
+    # (vllm/config/model.py:286, vllm/config/scheduler.py:92)
+    assert (config.model.max_logprobs, config.engine.max_num_queued_reqs) == (20, None)
 
 
 def test_precedence_flags_over_environment_over_yaml_over_defaults(tmp_path: Path) -> None:

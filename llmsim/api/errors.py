@@ -21,6 +21,7 @@ __all__ = [
     "anthropic_error_type",
     "error_body",
     "openai_error_type",
+    "validation_error",
 ]
 
 _ANTHROPIC_TYPES = {
@@ -33,12 +34,13 @@ _ANTHROPIC_TYPES = {
     415: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
+    503: "overloaded_error",  # vLLM's queue overflow (vllm/entrypoints/anthropic/protocol.py:42-43)
     529: "overloaded_error",
 }
 
 
 def anthropic_error_type(status: int) -> str:
-    if status >= 500 and status != 529:
+    if status >= 500 and status not in _ANTHROPIC_TYPES:
         return "api_error"
     return _ANTHROPIC_TYPES.get(status, "invalid_request_error")
 
@@ -77,3 +79,16 @@ class ApiError(Exception):
 
 def anthropic_error_body(status: int, message: str) -> bytes:
     return orjson.dumps({"type": "error", "error": {"type": anthropic_error_type(status), "message": message}})
+
+
+def validation_error(message: str, *, parameter: str | None = None, value: object = None) -> ApiError:
+    """vLLM's ``VLLMValidationError`` as the client sees it: a 400 whose ``param`` is
+    ``parameter`` and whose message ends with `` (parameter=..., value=...)``, each part
+    only when set (``vllm/exceptions.py:28-56``, ``error_response.py:43-46``)."""
+    extras = []
+    if parameter is not None:
+        extras.append(f"parameter={parameter}")
+    if value is not None:
+        extras.append(f"value={value}")
+    text = f"{message} ({', '.join(extras)})" if extras else message
+    return ApiError(400, text, param=parameter)

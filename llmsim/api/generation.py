@@ -2,10 +2,12 @@
 
 A request becomes a :class:`~llmsim.api.plan.GenerationPlan` (each choice's output
 planned up front) and then one :class:`~llmsim.engine.job.Job` per choice
-(:func:`build_jobs`).  All jobs are submitted before the response starts
-(:class:`SubmittedJobs`), so a full waiting queue is a real 429 and nothing is left
-behind.  Then the handler waits on one event; the engine task drives the jobs and
-calls their sink:
+(:func:`build_jobs`).  The queue limits are checked before the response starts:
+vLLM's ``--max-num-queued-reqs`` before planning (:func:`check_job_count`, a 503) and
+llm-d-inference-sim's ``--max-waiting-queue-length`` as the jobs are submitted, all or
+none (:class:`SubmittedJobs`, a 429), so a full queue is a real status and nothing is
+left behind (:func:`queue_full_error` maps the limit to what the client sees).  Then
+the handler waits on one event; the engine task drives the jobs and calls their sink:
 
 * :func:`stream` — a :class:`StreamingSink` renders each step's tokens with the
   endpoint's :class:`StreamRenderer` and writes them at once.  The renderer decides
@@ -34,11 +36,13 @@ from llmsim.api.errors import ApiError
 from llmsim.api.http import Headers, ResponseStream
 from llmsim.api.plan import GenerationPlan
 from llmsim.api.sse import SSE_HEADERS
-from llmsim.engine.errors import QUEUE_FULL_MESSAGE, QueueFullError
+from llmsim.engine.errors import QueueFullError, QueueLimit
 from llmsim.engine.job import Job, JobSink, JobState
 from llmsim.engine.scheduler import Engine
 
 __all__ = [
+    "QUEUE_OVERFLOW_MESSAGE",
+    "WAITING_QUEUE_FULL_MESSAGE",
     "CollectingSink",
     "RequestIdentity",
     "StreamRenderer",
@@ -47,7 +51,9 @@ __all__ = [
     "build_jobs",
     "check_job_count",
     "collect",
+    "queue_full_error",
     "stream",
+    "stream_error",
 ]
 
 log = logging.getLogger("llmsim.api")
@@ -73,13 +79,44 @@ class RequestIdentity:
         return cls(request_id, prefix + request_id, ())
 
 
+#: llm-d-inference-sim's text for a full waiting queue (429).
+WAITING_QUEUE_FULL_MESSAGE = "Failed to enqueue request, waiting requests queue is full"
+#: vLLM's ``QueueOverflowError`` text (503, ``vllm/exceptions.py:147-160``).
+QUEUE_OVERFLOW_MESSAGE = (
+    "The engine is currently busy and cannot accept new requests. Please try again later or on a different instance."
+)
+
+
+def queue_full_error(limit: QueueLimit) -> ApiError:
+    """What the client sees when a request hits ``limit``: llm-d-inference-sim's 429
+    for ``--max-waiting-queue-length`` (drop-in users rely on it), vLLM's 503 for
+    ``--max-num-queued-reqs``: type ``HTTPStatus(503).phrase`` and no param, as
+    ``create_error_response`` makes it for a ``GracefulHTTPError``
+    (``vllm/entrypoints/serve/exception_handling/error_response.py:38-41``)."""
+    if limit is QueueLimit.QUEUED_REQUESTS:
+        return ApiError(503, QUEUE_OVERFLOW_MESSAGE, error_type="Service Unavailable")
+    return ApiError(429, WAITING_QUEUE_FULL_MESSAGE)
+
+
 def check_job_count(ctx: ApiContext, job_count: int) -> None:
-    """429 at once for a request with more choices than the engine could ever hold
-    (running slots plus waiting queue), before any of them is planned: a huge ``n``
-    must not cost the server minutes of planning only to be refused."""
-    limits = ctx.engine.options
+    """The queue checks made before a request is planned.
+
+    First vLLM's admission check (``_preflight``, ``vllm/entrypoints/generate/base/
+    serving.py:169-181``): 503 if the request's jobs would take the jobs in flight
+    beyond ``--max-num-queued-reqs``.  Then a 429 at once for a request with more
+    choices than the engine could ever hold (running slots plus waiting queue): a
+    huge ``n`` must not cost the server minutes of planning only to be refused.
+    Nothing awaits between this and the submission, so the engine's counts are the
+    same when the jobs are submitted.
+    """
+    engine = ctx.engine
+    try:
+        engine.check_admission(job_count)
+    except QueueFullError as exc:
+        raise queue_full_error(exc.limit) from None
+    limits = engine.options
     if job_count > limits.max_num_seqs + limits.max_waiting_queue_length:
-        raise ApiError(429, QUEUE_FULL_MESSAGE)
+        raise queue_full_error(QueueLimit.WAITING_QUEUE_LENGTH)
 
 
 def build_jobs(plan: GenerationPlan, sink: JobSink) -> list[Job]:
@@ -215,8 +252,8 @@ class StreamingSink:
 
 class SubmittedJobs:
     """``with SubmittedJobs(engine, jobs, clock):`` submits every job, all or none: a
-    full queue is a 429.  On exit, however it happens, every job that has not finished
-    is cancelled (freeing its slot).
+    full waiting queue is a 429.  On exit, however it happens, every job that has not
+    finished is cancelled (freeing its slot).
 
     A class rather than a generator-based ``@contextmanager``: it runs once per
     request, and the generator machinery cost more than the submitting.
@@ -245,7 +282,7 @@ class SubmittedJobs:
             for job in self._jobs:
                 submit(job, now)
         except QueueFullError as exc:
-            raise ApiError(429, str(exc)) from None
+            raise queue_full_error(exc.limit) from None
 
     def _cancel_unfinished(self) -> None:
         now = self._clock()
@@ -254,8 +291,21 @@ class SubmittedJobs:
                 self._engine.cancel(job, now)
 
 
-async def stream(call: Call, plan: GenerationPlan, renderer: StreamRenderer, headers: Headers = ()) -> None:
-    """Run ``plan`` as a 200 event stream rendered by ``renderer``; return when it ended."""
+async def stream(
+    call: Call,
+    plan: GenerationPlan,
+    renderer: StreamRenderer,
+    headers: Headers = (),
+    *,
+    refusal: ApiError | None = None,
+) -> None:
+    """Run ``plan`` as a 200 event stream rendered by ``renderer``; return when it ended.
+
+    With a ``refusal`` (what vLLM's engine refuses as it takes the request, such as
+    too many logprobs) the stream holds only that error (:func:`stream_error`)."""
+    if refusal is not None:
+        stream_error(call, renderer, refusal, headers)
+        return
     ctx = call.ctx
     response = call.response
 
@@ -271,8 +321,22 @@ async def stream(call: Call, plan: GenerationPlan, renderer: StreamRenderer, hea
         await sink.done.wait()
 
 
-async def collect(call: Call, plan: GenerationPlan) -> list[Job]:
-    """Run ``plan`` to the end and return its finished jobs, in choice-index order."""
+def stream_error(call: Call, renderer: StreamRenderer, error: ApiError, headers: Headers = ()) -> None:
+    """A 200 event stream that holds only ``error`` (in-band, and ``[DONE]`` where the
+    framing has it): what vLLM sends when a streaming request fails as the engine
+    takes it, after the response began (e.g. too many logprobs: ``SamplingParams.verify``
+    runs in ``AsyncLLM.add_request``, on the stream's first iteration,
+    ``vllm/entrypoints/openai/chat_completion/serving.py:572-587,951-953``).  No job
+    is submitted."""
+    call.response.start(200, (*SSE_HEADERS, *headers))
+    call.response.end(renderer.head() + renderer.error(error))
+
+
+async def collect(call: Call, plan: GenerationPlan, *, refusal: ApiError | None = None) -> list[Job]:
+    """Run ``plan`` to the end and return its finished jobs, in choice-index order
+    (raise ``refusal`` instead, if there is one: a complete response gets its status)."""
+    if refusal is not None:
+        raise refusal
     ctx = call.ctx
     sink = CollectingSink(len(plan.choices))
     jobs = build_jobs(plan, sink)

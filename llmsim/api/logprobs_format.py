@@ -13,6 +13,10 @@ whole text, across the chunks of a stream.
 Values come from :func:`~llmsim.model.logprobs.synthesize_logprobs`, a pure function
 of (token, position, seed): a stream asks for each token as it goes out, the complete
 response for all of them, and both get the same numbers.  Each choice has its own seed.
+
+A plan's EOS token has an empty piece (the text leaves it out) but a logprob entry
+like any sampled token, named by the string of its id as vLLM decodes it
+(``<|im_end|>``; vllm/v1/engine/logprobs.py, ``convert_ids_list_to_tokens``).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import orjson
 
 from llmsim.engine.job import Job
 from llmsim.model.logprobs import TokenLogprob, synthesize_logprobs, token_bytes
+from llmsim.model.text import EosToken
 
 __all__ = ["ChatLogprobs", "CompletionLogprobs", "EchoedPrompt", "choice_seed"]
 
@@ -34,23 +39,41 @@ def choice_seed(seed: int | None, request_id: str, index: int) -> int:
     return zlib.crc32(f"{seed}:{request_id}:{index}".encode())
 
 
-class ChatLogprobs:
-    """Chat's ``logprobs`` objects for the choices of one request."""
+def _tokens(job: Job, start: int, stop: int, eos: EosToken | None) -> list[str]:
+    """The token strings of ``job.output[start:stop]``: its pieces, the EOS by its name."""
+    tokens = list(job.output[start:stop])
+    if eos is not None:
+        ids = job.output_token_ids
+        for k in range(len(tokens)):
+            position = start + k
+            if position < len(ids) and ids[position] == eos.token_id:
+                tokens[k] = eos.text
+    return tokens
 
-    def __init__(self, top_logprobs: int, seeds: Sequence[int]) -> None:
+
+class ChatLogprobs:
+    """Chat's ``logprobs`` objects for the choices of one request (``eos``: the token
+    the choices' plans end with)."""
+
+    def __init__(self, top_logprobs: int, seeds: Sequence[int], eos: EosToken | None = None) -> None:
         self._top = top_logprobs
         self._seeds = seeds
+        self._eos = eos
 
     def token_bytes(self, job: Job, position: int) -> bytes:
         """``{"content":[<entry>]}`` for output token ``position`` of ``job`` (a stream chunk)."""
         (value,) = synthesize_logprobs(
-            job.output[position : position + 1], top_n=self._top, position_offset=position, seed=self._seeds[job.index]
+            _tokens(job, position, position + 1, self._eos),
+            top_n=self._top,
+            position_offset=position,
+            seed=self._seeds[job.index],
         )
         return b'{"content":[' + orjson.dumps(_chat_entry(value)) + b"]}"
 
     def of(self, job: Job) -> dict[str, object]:
         """The whole choice's ``logprobs`` object (the complete response)."""
-        values = synthesize_logprobs(job.output, top_n=self._top, seed=self._seeds[job.index])
+        tokens = _tokens(job, 0, len(job.output), self._eos)
+        values = synthesize_logprobs(tokens, top_n=self._top, seed=self._seeds[job.index])
         return {"content": [_chat_entry(value) for value in values]}
 
 
@@ -77,7 +100,8 @@ class CompletionLogprobs:
     """Completions' ``logprobs`` objects for the choices of one request.
 
     ``prompts`` (with ``echo``) are the request's prompts; choice ``i`` answers prompt
-    ``i // choices_per_prompt``, and its choices share the prompt's logprobs.
+    ``i // choices_per_prompt``, and its choices share the prompt's logprobs.  ``eos``
+    is the token the choices' plans end with.
     """
 
     def __init__(
@@ -87,9 +111,11 @@ class CompletionLogprobs:
         *,
         choices_per_prompt: int,
         prompts: Sequence[EchoedPrompt] | None = None,
+        eos: EosToken | None = None,
     ) -> None:
         self._top = max(logprobs, 1)  # the sampled token is always listed
         self._seeds = seeds
+        self._eos = eos
         self._choices_per_prompt = choices_per_prompt
         self._prompts = None if prompts is None else [self._prompt_values(prompt) for prompt in prompts]
         self._offsets = [0] * len(seeds)  # per choice: the text length streamed so far
@@ -106,12 +132,13 @@ class CompletionLogprobs:
         self._offsets[job.index] += sum(map(len, tokens))
         return orjson.dumps(value)
 
-    def of(self, job: Job) -> dict[str, object]:
-        """The whole choice's ``logprobs`` object (the complete response)."""
-        return self._object(*self._tokens(job, 0, len(job.output)), 0)
+    def of(self, job: Job, *, with_output: bool = True) -> dict[str, object]:
+        """The whole choice's ``logprobs`` object (the complete response); without its
+        output, the echoed prompt's alone (``echo`` with ``max_tokens: 0``)."""
+        return self._object(*self._tokens(job, 0, len(job.output) if with_output else 0), 0)
 
     def _tokens(self, job: Job, start: int, stop: int) -> tuple[list[str], list[TokenLogprob | None]]:
-        tokens = list(job.output[start:stop])
+        tokens = _tokens(job, start, stop, self._eos)
         values: list[TokenLogprob | None] = list(
             synthesize_logprobs(tokens, top_n=self._top, position_offset=start, seed=self._seeds[job.index])
         )

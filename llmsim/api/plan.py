@@ -12,6 +12,12 @@ RNG, so a request is reproducible under ``--seed``; tool-call arguments and
 ``json_schema`` output come from the schema generator, so they validate against their
 schema.  The request's output cap (clamped to the context window) cuts any plan short,
 with finish reason ``length``.
+
+On chat and completions a turn the model ends itself ends as in vLLM, with its EOS
+token (:func:`with_eos`): one more piece, of empty text, after the last text token.
+The engine paces it like any token, so its chunk (empty text, the finish reason) goes
+out one inter-token latency after the last text; usage counts it; the text leaves it
+out.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from collections.abc import Sequence
 import attrs
 
 from llmsim.api.context import ApiContext
+from llmsim.api.errors import ApiError
 from llmsim.model.text import FinishReason
 
 __all__ = [
@@ -32,12 +39,14 @@ __all__ = [
     "GenerationPlan",
     "PromptPlan",
     "TurnPlan",
+    "check_min_tokens",
     "cut_at_stop",
     "output_cap",
     "plan_fixed_text",
     "plan_text",
     "plan_text_choices",
     "plan_tool_calls",
+    "with_eos",
 ]
 
 TEXT = "text"
@@ -119,6 +128,30 @@ def output_cap(ctx: ApiContext, prompt_tokens: int, max_tokens: int | None) -> i
     return room if max_tokens is None else min(max_tokens, room)
 
 
+def check_min_tokens(min_tokens: int, cap: int) -> None:
+    """400 with vLLM's messages (``SamplingParams._verify_args``, sampling_params.py:697-705)
+    when ``min_tokens`` is negative or above the output cap (vLLM checks it against
+    max_tokens once clamped to the context window, and names that value)."""
+    if min_tokens < 0:
+        raise ApiError(400, f"min_tokens must be greater than or equal to 0, got {min_tokens}.")
+    if min_tokens > cap:
+        raise ApiError(400, f"min_tokens must be less than or equal to max_tokens={cap}, got {min_tokens}.")
+
+
+def with_eos(ctx: ApiContext, turn: TurnPlan, cap: int) -> TurnPlan:
+    """``turn`` ended as vLLM's engine ends a turn the model finished itself: with its
+    EOS token, one more piece (empty text, the EOS id) that the engine paces like any
+    token and usage counts (vllm/v1/engine/detokenizer.py:107-128 keeps the id, not
+    its text).  A turn cut at the cap has none; a finished turn that fills the cap
+    exactly has no room left for it, so the engine stops it on ``length``."""
+    if turn.truncated:
+        return turn
+    if len(turn.pieces) >= cap:
+        return attrs.evolve(turn, finish_reason=FinishReason.LENGTH)
+    eos = ctx.text.eos
+    return TurnPlan((*turn.pieces, ""), (*turn.token_ids, eos.token_id), turn.finish_reason, turn.blocks)
+
+
 @functools.lru_cache(maxsize=1024)
 def _text_blocks(length: int) -> tuple[Block, ...]:
     """The blocks of a text turn of ``length`` pieces (frozen, so shared by every turn that long)."""
@@ -133,10 +166,16 @@ def plan_text(
     max_tokens: int | None,
     ignore_eos: bool,
     echo_text: str,
+    min_tokens: int = 0,
 ) -> TurnPlan:
     """A text turn from the text generator (its length rules, its finish reason)."""
     text = ctx.text.generate(
-        rng, max_tokens=max_tokens, ignore_eos=ignore_eos, prompt_tokens=prompt_tokens, echo_text=echo_text
+        rng,
+        max_tokens=max_tokens,
+        ignore_eos=ignore_eos,
+        prompt_tokens=prompt_tokens,
+        echo_text=echo_text,
+        min_tokens=min_tokens,
     )
     return TurnPlan(text.pieces, text.token_ids, text.finish_reason, _text_blocks(len(text.pieces)))
 
@@ -149,25 +188,28 @@ def plan_text_choices(
     choices_per_prompt: int,
     max_tokens: int | None,
     ignore_eos: bool,
+    min_tokens: int = 0,
 ) -> list[TurnPlan]:
-    """Text for every choice of a request, in choice-index order: ``choices_per_prompt``
-    answers to each ``(prompt_tokens, echo_text)``, choice ``i`` from its own RNG."""
+    """Text for every choice of a chat or completions request, in choice-index order:
+    ``choices_per_prompt`` answers to each ``(prompt_tokens, echo_text)``, choice ``i``
+    from its own RNG, each ended by its EOS token when the model stops it (:func:`with_eos`)."""
     turns = []
-    index = 0
-    for prompt_tokens, echo_text in prompts:
-        for _ in range(choices_per_prompt):
-            rng = ctx.rng_for(request_id, index)
-            turns.append(
-                plan_text(
-                    ctx,
-                    rng,
-                    prompt_tokens=prompt_tokens,
-                    max_tokens=max_tokens,
-                    ignore_eos=ignore_eos,
-                    echo_text=echo_text,
-                )
+    for prompt_index, (prompt_tokens, echo_text) in enumerate(prompts):
+        cap = output_cap(ctx, prompt_tokens, max_tokens)
+        for k in range(choices_per_prompt):
+            if cap < 1:  # no room at all: only completions' echo without generation gets here
+                turns.append(TurnPlan((), (), FinishReason.LENGTH, _text_blocks(0)))
+                continue
+            turn = plan_text(
+                ctx,
+                ctx.rng_for(request_id, prompt_index * choices_per_prompt + k),
+                prompt_tokens=prompt_tokens,
+                max_tokens=max_tokens,
+                ignore_eos=ignore_eos,
+                echo_text=echo_text,
+                min_tokens=min_tokens,
             )
-            index += 1
+            turns.append(with_eos(ctx, turn, cap))
     return turns
 
 

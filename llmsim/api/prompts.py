@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from llmsim.api.errors import ApiError
+from llmsim.api.errors import ApiError, validation_error
 from llmsim.api.request_fields import Prompt
 from llmsim.model.tokenizer import ChatTurn, Tokenizer
 
@@ -24,6 +24,8 @@ __all__ = [
     "MEDIA",
     "CompletionPrompt",
     "check_context_length",
+    "check_output_tokens",
+    "check_prompt_length",
     "completion_prompts",
     "prompt_ids",
     "tool_call_text",
@@ -58,6 +60,7 @@ class CompletionPrompt:
     token_ids: tuple[int, ...]
     text: str  # the prompt as text: what ``echo: true`` prepends
     echo_text: str  # what ``--mode echo`` replays: the text, or "1,2,3" for token ids
+    is_text: bool = True  # given as text (tokenized here), not as token ids
 
 
 def completion_prompts(prompt: Prompt, tokenizer: Tokenizer) -> list[CompletionPrompt]:
@@ -90,25 +93,61 @@ def _token_prompt(token_ids: tuple[int, ...], tokenizer: Tokenizer) -> Completio
     if too_large is not None:
         message = f"Token id {too_large} is out of vocabulary; token ids go from 0 to {tokenizer.vocab_size - 1}."
         raise ApiError(400, message, param="prompt")
-    return CompletionPrompt(token_ids, tokenizer.decode(token_ids), ",".join(map(str, token_ids)))
+    return CompletionPrompt(token_ids, tokenizer.decode(token_ids), ",".join(map(str, token_ids)), is_text=False)
 
 
 def check_context_length(
-    max_model_len: int, prompt_tokens: int, max_tokens: int | None, *, max_tokens_param: str = "max_tokens"
+    max_model_len: int,
+    prompt_tokens: int,
+    max_tokens: int | None,
+    *,
+    max_tokens_param: str = "max_tokens",
+    prompt_is_text: bool = True,
 ) -> None:
-    """400 with vLLM's (>= 0.22) message when prompt + output cannot fit the context.
+    """vLLM 0.33's context-window rules for chat, completions and messages: 400 only
+    when the output cap alone (:func:`check_output_tokens`) or the prompt alone
+    (:func:`check_prompt_length`) exceeds ``max_model_len``, or when the prompt fills it
+    exactly.  Otherwise the request is served and its cap is clamped to the room the
+    prompt leaves (``get_max_tokens``, ``vllm/entrypoints/serve/utils/api_utils.py:234-270``;
+    :func:`llmsim.api.plan.output_cap`), ending with ``length`` when it is reached.
 
-    Without ``max_tokens`` vLLM gives the output whatever is left, so only a prompt
-    that leaves no room for a single output token fails.
+    A prompt that fills the window leaves a cap of 0, which ``SamplingParams`` refuses
+    with ``max_tokens`` as the param whatever field the cap came from
+    (``vllm/sampling_params.py:691-696``); ``max_tokens=0`` asks for no output at all
+    (completions' ``echo`` without generation), so nothing is refused then.
     """
-    requested = 1 if max_tokens is None else max_tokens
-    if prompt_tokens + requested <= max_model_len:
+    check_output_tokens(max_model_len, max_tokens, max_tokens_param)
+    check_prompt_length(max_model_len, prompt_tokens, prompt_is_text=prompt_is_text)
+    if prompt_tokens == max_model_len and max_tokens != 0:
+        raise validation_error("max_tokens must be at least 1, got 0.", parameter="max_tokens", value=0)
+
+
+def check_output_tokens(max_model_len: int, max_tokens: int | None, param: str) -> None:
+    """400 when the requested output cap alone exceeds the context window
+    (``TokenizeParams.__post_init__``, ``vllm/renderers/params.py:270-283``; ``param`` is
+    the field it came from: ``max_tokens``, ``max_completion_tokens``, ``max_output_tokens``)."""
+    if max_tokens is not None and max_tokens > max_model_len:
+        raise validation_error(
+            f"{param}={max_tokens} cannot be greater than max_model_len={max_model_len}. "
+            "Please request fewer output tokens.",
+            parameter=param,
+            value=max_tokens,
+        )
+
+
+def check_prompt_length(max_model_len: int, prompt_tokens: int, *, prompt_is_text: bool = True) -> None:
+    """400 when the prompt alone exceeds the context window (``_token_len_check``,
+    ``vllm/renderers/params.py:531-551``).  vLLM tokenizes text with truncation at
+    ``max_model_len + 1`` tokens, so a long text prompt reports "at least" that many;
+    a token-id prompt reports its length."""
+    if prompt_tokens <= max_model_len:
         return
-    raise ApiError(
-        400,
-        f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-        f"{requested} output tokens and your prompt contains {prompt_tokens} input tokens, for a total of "
-        f"{prompt_tokens + requested} tokens. Please reduce the length of the input prompt or the number of "
-        "requested output tokens.",
-        param="input_tokens" if max_tokens is None or prompt_tokens >= max_model_len else max_tokens_param,
+    count = min(prompt_tokens, max_model_len + 1) if prompt_is_text else prompt_tokens
+    qualifier = "at least " if count == max_model_len + 1 else ""
+    raise validation_error(
+        f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains "
+        f"{qualifier}{count} input tokens, which exceeds this limit even without any output tokens. "
+        "Please reduce the length of the input prompt.",
+        parameter="input_tokens",
+        value=count,
     )

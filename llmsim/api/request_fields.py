@@ -4,8 +4,8 @@ Structured from JSON by :mod:`llmsim.api.structure` (strict types, unknown field
 ignored): the four prompt forms (/v1/completions now; embeddings and tokenize take
 them too), media URLs and input audio (chat's content parts, responses' input parts),
 and :class:`GenerationParams`, the fields chat and completions share, with
-:func:`check_generation_params`, their rules about values rather than types (the
-messages are llm-d-inference-sim's).  Field defaults follow vLLM's pydantic models: a
+:func:`check_generation_params`, their rules about values rather than types (vLLM's
+message for ``max_tokens``, llm-d-inference-sim's for the rest).  Field defaults follow vLLM's pydantic models: a
 field sent as ``null`` counts as not set.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import attrs
 
-from llmsim.api.errors import ApiError
+from llmsim.api.errors import ApiError, validation_error
 from llmsim.api.structure import FieldTypeError, converter, json_type_name
 
 __all__ = [
@@ -42,6 +42,7 @@ class InputAudio:
 @attrs.frozen
 class StreamOptions:
     include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -51,6 +52,7 @@ class GenerationParams:
     model: str | None = None
     n: int | None = None
     max_tokens: int | None = None
+    min_tokens: int | None = None
     ignore_eos: bool | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
@@ -69,6 +71,17 @@ class GenerationParams:
         return self.stream_options is not None and bool(self.stream_options.include_usage)
 
     @property
+    def continuous_usage(self) -> bool:
+        """Usage on every chunk: ``continuous_usage_stats`` counts only with
+        ``include_usage`` (vLLM's ``should_include_usage``, serve/utils/api_utils.py:273-285)."""
+        return self.include_usage and bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
+    @property
+    def echo_without_generation(self) -> bool:
+        """Completions' ``echo`` with ``max_tokens: 0``: the prompt alone (chat has no such case)."""
+        return False
+
+    @property
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
 
@@ -83,8 +96,11 @@ def check_generation_params(request: GenerationParams) -> None:
     if request.n is not None and request.n < 1:
         raise ApiError(400, "n must be at least 1", param="n")
     max_tokens = request.requested_max_tokens
-    if max_tokens is not None and max_tokens < 1:
-        raise ApiError(400, "Max completion tokens and max tokens should be positive", param=request.max_tokens_param)
+    if max_tokens is not None and max_tokens < 1 and not request.echo_without_generation:
+        # SamplingParams._verify_args (vllm/sampling_params.py:691-696): the field is
+        # max_tokens whichever request field the cap came from
+        message = f"max_tokens must be at least 1, got {max_tokens}."
+        raise validation_error(message, parameter="max_tokens", value=max_tokens)
     if request.stream_options is not None and not request.streaming:
         raise ApiError(400, "Stream options can only be defined when stream is True.", param="stream_options")
 

@@ -81,11 +81,14 @@ def chunk_head(response_id: str, kind: bytes, created: int, model: str) -> bytes
     )
 
 
-def error_events(error: ApiError) -> bytes:
+def error_events(error: ApiError, *, compact: bool = False) -> bytes:
     """The end of a stream that failed after it began: vLLM's in-band error event and
-    ``[DONE]``.  vLLM writes this one with ``json.dumps`` (``", "`` and ``": "``
-    separators), unlike the chunks."""
-    return b"data: " + json.dumps({"error": error.as_dict()}).encode() + b"\n\n" + DONE_EVENT
+    ``[DONE]``.  Completions writes it with ``json.dumps`` (``", "`` and ``": "``
+    separators, ``\\u`` escapes; vllm/entrypoints/openai/completion/serving.py:554-558),
+    unlike the chunks; chat (``compact``) yields the ``ErrorResponse`` itself, dumped with
+    ``model_dump_json`` like its chunks (chat_completion/serving.py:496-497,951-953)."""
+    body = orjson.dumps({"error": error.as_dict()}) if compact else json.dumps({"error": error.as_dict()}).encode()
+    return b"data: " + body + b"\n\n" + DONE_EVENT
 
 
 def event_bytes(event_type: str, data: bytes) -> bytes:

@@ -8,7 +8,7 @@ import attrs
 
 from llmsim.engine.job import Job
 
-__all__ = ["Usage"]
+__all__ = ["ChunkUsage", "Usage"]
 
 
 @attrs.frozen
@@ -43,3 +43,28 @@ class Usage:
             "completion_tokens": self.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         }
+
+
+@attrs.frozen
+class ChunkUsage:
+    """The cumulative ``usage`` every chunk carries with ``stream_options``
+    ``{"include_usage": true, "continuous_usage_stats": true}``: one choice's tokens so
+    far against its prompt (vllm/entrypoints/openai/chat_completion/serving.py:624-634,
+    838-851; completion/serving.py:477-484).
+
+    vLLM sets it after building the chunk and dumps with ``exclude_unset``, so the
+    fields it passed explicitly are the keys: chat passes ``completion_tokens_details``
+    (null without a reasoning parser), completions does not.
+    """
+
+    prompt_tokens: int
+    with_details: bool  # chat: a ``"completion_tokens_details":null`` key
+
+    def render(self, completion_tokens: int) -> bytes:
+        """``,"usage":{…}``: the key and the object, to follow a chunk's ``choices``."""
+        return b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d%s}' % (
+            self.prompt_tokens,
+            self.prompt_tokens + completion_tokens,
+            completion_tokens,
+            b',"completion_tokens_details":null' if self.with_details else b"",
+        )

@@ -10,14 +10,13 @@ later the KV cache and LoRA slots) live here.  Imports nothing from ``llmsim.api
 
 from __future__ import annotations
 
-from llmsim.engine.errors import QUEUE_FULL_MESSAGE, QueueFullError
+from llmsim.engine.errors import QueueFullError, QueueLimit
 from llmsim.engine.job import Job, JobSink, JobState
 from llmsim.engine.latency import LatencyModel
 from llmsim.engine.scheduler import MAX_TOKENS_PER_STEP, Engine, EngineStatistics
 
 __all__ = [
     "MAX_TOKENS_PER_STEP",
-    "QUEUE_FULL_MESSAGE",
     "Engine",
     "EngineStatistics",
     "Job",
@@ -25,4 +24,5 @@ __all__ = [
     "JobState",
     "LatencyModel",
     "QueueFullError",
+    "QueueLimit",
 ]

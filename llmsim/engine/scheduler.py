@@ -53,7 +53,7 @@ from collections.abc import Callable
 
 import attrs
 
-from llmsim.engine.errors import QueueFullError
+from llmsim.engine.errors import QueueFullError, QueueLimit
 from llmsim.engine.job import Job, JobState
 from llmsim.engine.latency import LatencyModel
 from llmsim.engine.prefill import ChunkedPrefill
@@ -208,12 +208,28 @@ class Engine:
 
     # --- the caller's side -------------------------------------------------------------
 
+    def check_admission(self, count: int) -> None:
+        """Refuse a request of ``count`` jobs up front if it would take the jobs in
+        flight (running plus waiting) beyond ``max_num_queued_reqs`` (vLLM's
+        ``AsyncLLM.check_admission``, ``vllm/v1/engine/async_llm.py:325-369``: a request
+        with ``n`` choices counts ``n``).  Without that cap it accepts everything.
+        The caller checks before it submits, so that the refusal comes before any job
+        is queued (and before a stream's first byte); :meth:`submit` does not check it.
+
+        Raises:
+            QueueFullError: with ``QueueLimit.QUEUED_REQUESTS``; nothing changed.
+        """
+        cap = self._options.max_num_queued_reqs
+        if cap is not None and self._running + self._waiting_count + count > cap:
+            raise QueueFullError(QueueLimit.QUEUED_REQUESTS)
+
     def submit(self, job: Job, now: float) -> None:
         """Admit ``job`` if a slot is free and nobody waits, else queue it (FIFO).
 
         Raises:
-            QueueFullError: the waiting queue is full; ``job`` is now REJECTED and
-                nothing else changed.
+            QueueFullError: with ``QueueLimit.WAITING_QUEUE_LENGTH``: the waiting
+                queue is full (``max_waiting_queue_length``, llm-d-inference-sim's
+                limit); ``job`` is now REJECTED and nothing else changed.
             ValueError: ``job`` was submitted (or cancelled) before.
         """
         if job.state is not JobState.NEW:
@@ -227,7 +243,7 @@ class Engine:
             job.state = JobState.REJECTED
             job.finish_time = now
             self._rejected += 1
-            raise QueueFullError()
+            raise QueueFullError(QueueLimit.WAITING_QUEUE_LENGTH)
         else:
             job.state = JobState.WAITING
             self._waiting.append(job)

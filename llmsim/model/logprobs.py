@@ -7,7 +7,10 @@ most likely one (its probability skewed towards 1, as with real sampling), the
 alternatives are common English tokens, distinct from it and from each other, in
 strictly decreasing order, and the probabilities of all listed tokens sum to below 1.
 A token's values do not depend on ``top_n``: asking for more alternatives only extends
-the list.
+the list.  The alternatives come from a fixed pool (common English tokens first, then
+the words of the built-in corpus), so at most :data:`MAX_SIMULATED_LOGPROBS` tokens are
+listed per position; how many a request may ask for is the API's business
+(``--max-logprobs``).
 
 Cost matters because this runs per generated token when a request asks for logprobs.
 Whole entries are not memoised: the API gives every choice its own seed, so a cache
@@ -19,21 +22,36 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import zlib
 from collections.abc import Sequence
 
 import attrs
 
-__all__ = ["MAX_TOP_LOGPROBS", "TokenLogprob", "synthesize_logprobs", "token_bytes"]
+from llmsim.model.corpus import SENTENCES
 
-MAX_TOP_LOGPROBS = 20  # vLLM's default max_logprobs
+__all__ = ["MAX_SIMULATED_LOGPROBS", "TokenLogprob", "synthesize_logprobs", "token_bytes"]
+
 _ALTERNATIVES = (
     " the", ",", " a", ".", " and", " to", " of", " in", " is", " it", " that", " for", " you",
     " I", " on", " with", " as", " was", " this", " be", " are", " at", " not", " or", " have",
     "\n", " can", " but", " my", " we", " so", " there",
 )  # fmt: skip
+#: Further alternatives, once the common ones are used up: the corpus's words, each
+#: with its leading space as a BPE vocabulary writes it, in a fixed order.
+_MORE_ALTERNATIVES = tuple(
+    sorted({word for sentence in SENTENCES for word in re.findall(r" ?\w+|[^\w\s]", sentence)} - set(_ALTERNATIVES))
+)
+#: Most tokens listed per position (the chosen one included): one alternative fewer
+#: than the pool holds is all a token that is itself in the pool can get.
+MAX_SIMULATED_LOGPROBS = len(_ALTERNATIVES) + len(_MORE_ALTERNATIVES)
 _MASK = (1 << 64) - 1
 _DECAY = math.log(0.9)  # each alternative at most 90% as likely as the one before
+#: Alternatives after the first 19 (vLLM's default cap of 20, the chosen token
+#: included) take half of what the geometric split would give them: the listed
+#: probabilities then stay clearly below 1 in floating point however many are listed.
+_FULL_SHARE = 19
+_HALVED = math.log(2.0)
 
 
 @attrs.frozen(slots=True)
@@ -74,10 +92,11 @@ def synthesize_logprobs(
 ) -> list[TokenLogprob]:
     """Logprobs for ``tokens`` at absolute positions ``position_offset``, ``+1``, ...
 
-    ``top_n`` (0..MAX_TOP_LOGPROBS) is the length of each ``top`` list, chosen token included.
+    ``top_n`` (0..MAX_SIMULATED_LOGPROBS) is the length of each ``top`` list, chosen
+    token included.
     """
-    if not 0 <= top_n <= MAX_TOP_LOGPROBS:
-        raise ValueError(f"top_n must be in 0..{MAX_TOP_LOGPROBS}, got {top_n}")
+    if not 0 <= top_n <= MAX_SIMULATED_LOGPROBS:
+        raise ValueError(f"top_n must be in 0..{MAX_SIMULATED_LOGPROBS}, got {top_n}")
     salt = _mix(seed & _MASK)
     return [_one(token, position_offset + i, salt, top_n) for i, token in enumerate(tokens)]
 
@@ -97,9 +116,15 @@ def _alternatives(token: str, chosen: float, h: int, count: int) -> tuple[tuple[
     rest = math.log1p(-math.exp(chosen)) + math.log(share)
     step = math.log1p(-share)
     names = _ROTATIONS[(h >> 16) % len(_ALTERNATIVES)]
+    if count >= len(names):
+        names += _MORE_ALTERNATIVES
     if token in names[:count]:
         names = tuple(name for name in names if name != token)
-    return tuple((names[j], min(rest + j * step, chosen + (j + 1) * _DECAY)) for j in range(count))
+    first = tuple((names[j], min(rest + j * step, chosen + (j + 1) * _DECAY)) for j in range(min(count, _FULL_SHARE)))
+    if count <= _FULL_SHARE:
+        return first
+    rest -= _HALVED
+    return first + tuple((names[j], min(rest + j * step, chosen + (j + 1) * _DECAY)) for j in range(_FULL_SHARE, count))
 
 
 _ROTATIONS = tuple(_ALTERNATIVES[i:] + _ALTERNATIVES[:i] for i in range(len(_ALTERNATIVES)))

@@ -13,8 +13,17 @@ Lengths follow llm-d-inference-sim (``pkg/dataset``):
 The cap is ``max_tokens`` clamped to the room left in the context window
 (``max_model_len - prompt_tokens``, the limit), or the limit itself when no
 ``max_tokens`` was given; ``finish_reason`` is ``"length"`` exactly when the output
-reaches the cap.  Every random draw comes from the ``rng`` passed in, so the same rng
-state gives the same text, byte for byte.
+reaches the cap.  ``min_tokens`` raises a shorter draw to itself: vLLM's sampler masks
+the EOS token until ``min_tokens`` tokens exist, so the model cannot stop sooner (with
+``min_tokens == max_tokens`` every output is exactly the cap).  Echo mode replays the
+prompt as it is, whatever ``ignore_eos`` and ``min_tokens`` say.  Every random draw
+comes from the ``rng`` passed in, so the same rng state gives the same text, byte for
+byte.
+
+The drawn length is the text.  A ``"stop"`` output is one the model ends itself, with
+its EOS token (:class:`EosToken`), which the API plans as one more token after the text
+for the endpoints that send and count it as vLLM does (see ``llmsim.api.plan``); a
+``"stop"`` text is therefore always shorter than the cap, leaving room for that token.
 """
 
 from __future__ import annotations
@@ -26,10 +35,19 @@ import random
 import attrs
 
 from llmsim.model.corpus import SENTENCES
-from llmsim.model.tokenizer import Tokenizer
+from llmsim.model.tokenizer import END_OF_TEXT, IM_END, Tokenizer
 from llmsim.options import ModelOptions
 
-__all__ = ["FinishReason", "GeneratedText", "TextGenerator", "histogram_bucket", "histogram_length", "unbounded_length"]
+__all__ = [
+    "EosToken",
+    "FinishReason",
+    "GeneratedText",
+    "TextGenerator",
+    "eos_token",
+    "histogram_bucket",
+    "histogram_length",
+    "unbounded_length",
+]
 
 _BUCKET_CUMULATIVE = (0.2, 0.5, 0.7, 0.75, 0.85)  # the sixth bucket (15%) is the cap
 _SMALL_CAP = len(_BUCKET_CUMULATIVE) + 1
@@ -39,6 +57,9 @@ _EVEN_BUCKETS_UP_TO = _FIXED_BUCKET_WIDTH * len(_BUCKET_CUMULATIVE) + 1
 _MEAN_LENGTH = 40.0
 _LENGTH_STD_DEV = 20.0
 _UNIFORM_BELOW = 20
+#: End-of-sequence tokens, most likely first: the ChatML end of turn (the template every
+#: prompt is rendered with), then the usual EOS of other tokenizer families.
+_EOS_CANDIDATES = (IM_END, END_OF_TEXT, "</s>", "<|eot_id|>", "<|end_of_text|>")
 
 
 class FinishReason:
@@ -50,6 +71,26 @@ class FinishReason:
     REMOTE_DECODE = "remote_decode"
     CACHE_THRESHOLD = "cache_threshold"
     ABORT = "abort"
+
+
+@attrs.frozen
+class EosToken:
+    """The token a model ends its turn with.  vLLM's detokenizer leaves it out of the
+    text (it adds nothing to the output), while its id counts as a generated token and
+    its logprobs name it by ``text``, the string of its id."""
+
+    token_id: int
+    text: str
+
+
+def eos_token(tokenizer: Tokenizer) -> EosToken:
+    """The tokenizer's EOS: the first of the usual EOS strings that is one token of its
+    own in this vocabulary, else token 0 (a vocabulary with none of them)."""
+    for text in _EOS_CANDIDATES:
+        ids = tokenizer.encode(text)
+        if len(ids) == 1 and tokenizer.token_strings(ids) == [text]:
+            return EosToken(ids[0], text)
+    return EosToken(0, tokenizer.token_strings([0])[0])
 
 
 @attrs.frozen
@@ -110,6 +151,7 @@ class TextGenerator:
         self._max_model_len = options.max_model_len
         self._tokenizer = tokenizer
         self._sentences = tuple(self._split(sentence) for sentence in SENTENCES)
+        self.eos = eos_token(tokenizer)
 
     def _split(self, text: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
         pieces, ids = (tuple(self._tokenizer.tokenize(text)), tuple(self._tokenizer.encode(text)))
@@ -125,9 +167,11 @@ class TextGenerator:
         ignore_eos: bool,
         prompt_tokens: int,
         echo_text: str | None,
+        min_tokens: int = 0,
     ) -> GeneratedText:
         """Plan one output.  ``echo_text`` is what echo mode replays (ignored in random
-        mode); ``max_tokens=None`` means the request set no cap.
+        mode); ``max_tokens=None`` means the request set no cap; no output of random
+        mode is shorter than ``min_tokens`` (within the cap).
 
         Raises:
             ValueError: ``max_tokens`` < 1, the prompt leaves no room in the context
@@ -149,9 +193,9 @@ class TextGenerator:
         if ignore_eos:
             length = cap
         elif max_tokens is not None:
-            length = histogram_length(rng, cap)
+            length = max(histogram_length(rng, cap), min(min_tokens, cap))
         else:
-            length = unbounded_length(rng, cap)
+            length = max(unbounded_length(rng, cap), min(min_tokens, cap))
         pieces, ids = self._draw(rng, length)
         return GeneratedText(pieces, ids, FinishReason.LENGTH if length == cap else FinishReason.STOP)
 

@@ -4,7 +4,9 @@ of its own, on trio's mock clock (TTFT 100 ms, ITL 10 ms)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+import orjson
 import pytest
 import trio
 from trio.testing import MockClock
@@ -15,7 +17,7 @@ from llmsim.api.generation import CollectingSink, build_jobs, collect, stream
 from llmsim.api.http import HttpRequest
 from llmsim.api.plan import TEXT, Block, GenerationPlan, PromptPlan, TurnPlan
 from llmsim.engine.job import Job, JobState
-from tests.api.fakes import FakeResponse, running
+from tests.api.fakes import FakeResponse, post, running
 
 LATENCY = {"time_to_first_token": 0.1, "inter_token_latency": 0.01}
 
@@ -97,3 +99,104 @@ async def test_leaving_early_cancels_every_unfinished_job(autojump_clock: MockCl
         statistics = sim.engine.statistics()
     assert statistics.cancelled == 2 and statistics.running == 0 and statistics.finished == 0
     assert response.body == b"head;0:a;1:d;"
+
+
+async def test_a_refusal_streams_only_the_error_and_submits_nothing(autojump_clock: MockClock) -> None:
+    # what vLLM's engine refuses as it takes a streaming request arrives in-band, in a 200
+    # (vllm/entrypoints/openai/chat_completion/serving.py:572-587,951-953)
+    plan = GenerationPlan("req", (PromptPlan((1, 2, 3), 8),), (text("a", "b"),))
+    response = FakeResponse()
+    refusal = ApiError(400, "no")
+    async with running(**LATENCY) as sim:
+        await stream(Call(sim.ctx, HttpRequest("POST", "/x"), response), plan, _Renderer(), refusal=refusal)
+        with pytest.raises(ApiError) as caught:
+            await collect(Call(sim.ctx, HttpRequest("POST", "/x"), FakeResponse()), plan, refusal=refusal)
+        statistics = sim.engine.statistics()
+    assert (response.status, response.body, response.ended) == (200, b"head;error(400)", True)
+    assert caught.value is refusal
+    assert statistics.submitted == 0
+
+
+# --- the two queue limits -----------------------------------------------------------------------
+
+CHAT = "/v1/chat/completions"
+HELLO = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+#: vLLM's QueueOverflowError as create_error_response renders it: 503, type the status
+#: phrase, no param (vllm/exceptions.py:147-160; serve/exception_handling/error_response.py:38-41)
+OVERFLOW = {
+    "message": "The engine is currently busy and cannot accept new requests. Please try again later or on a "
+    "different instance.",
+    "type": "Service Unavailable",
+    "param": None,
+    "code": 503,
+}
+WAITING_FULL = {
+    "message": "Failed to enqueue request, waiting requests queue is full",
+    "type": "RateLimitError",
+    "param": None,
+    "code": 429,
+}
+
+
+async def while_one_runs(sim: Any, path: str, body: dict[str, Any]) -> FakeResponse:
+    """``body`` posted while one streaming chat request holds a slot (TTFT 10 s)."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(post, sim, CHAT, {**HELLO, "stream": True})
+        await trio.testing.wait_all_tasks_blocked()
+        response = await post(sim, path, body)
+        nursery.cancel_scope.cancel()
+    return response
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_max_num_queued_reqs_overflow_is_vllms_503_before_the_first_byte(
+    stream: bool, autojump_clock: MockClock
+) -> None:
+    # vLLM's _preflight -> AsyncLLM.check_admission: in flight + n > max_num_queued_reqs
+    # (vllm/entrypoints/generate/base/serving.py:169-181, vllm/v1/engine/async_llm.py:352-369)
+    async with running(max_num_queued_reqs=1, time_to_first_token=10.0) as sim:
+        refused = await while_one_runs(sim, CHAT, {**HELLO, "stream": stream})
+        statistics = sim.engine.statistics()
+    assert refused.status == 503 and refused.writes[0][1] == refused.body
+    assert refused.body == orjson.dumps({"error": OVERFLOW})
+    assert (statistics.submitted, statistics.rejected) == (1, 0)
+
+
+async def test_a_request_of_n_choices_counts_n_against_max_num_queued_reqs(autojump_clock: MockClock) -> None:
+    async with running(max_num_queued_reqs=3) as sim:
+        refused = await post(sim, CHAT, {**HELLO, "n": 4})
+        huge = await post(sim, "/v1/completions", {"prompt": "x", "n": 10**9, "max_tokens": 2})
+        fits = await post(sim, CHAT, {**HELLO, "n": 3})
+    assert refused.json()["error"] == OVERFLOW and huge.json()["error"] == OVERFLOW
+    assert fits.status == 200 and len(fits.json()["choices"]) == 3
+
+
+@pytest.mark.parametrize(
+    ("limits", "status", "error"),
+    [
+        # the waiting queue is full before the in-flight cap is reached: llm-d's 429
+        ({"max_num_seqs": 1, "max_waiting_queue_length": 0, "max_num_queued_reqs": 5}, 429, WAITING_FULL),
+        # the in-flight cap is reached first: vLLM's 503
+        ({"max_num_seqs": 1, "max_waiting_queue_length": 10, "max_num_queued_reqs": 1}, 503, OVERFLOW),
+        # both at once: vLLM's check comes first (it runs before planning)
+        ({"max_num_seqs": 1, "max_waiting_queue_length": 0, "max_num_queued_reqs": 1}, 503, OVERFLOW),
+    ],
+)
+async def test_whichever_queue_limit_is_hit_decides_the_status(
+    limits: dict[str, int], status: int, error: dict[str, Any], autojump_clock: MockClock
+) -> None:
+    async with running(time_to_first_token=10.0, **limits) as sim:
+        refused = await while_one_runs(sim, CHAT, {**HELLO, "stream": True})
+    assert refused.status == status and refused.json()["error"] == error
+
+
+async def test_responses_and_messages_overflow_too(autojump_clock: MockClock) -> None:
+    async with running(max_num_queued_reqs=1, time_to_first_token=10.0) as sim:
+        responses = await while_one_runs(sim, "/v1/responses", {"input": "Hi", "stream": True})
+        messages = await while_one_runs(
+            sim, "/v1/messages", {"max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}], "stream": True}
+        )
+    assert responses.status == 503 and responses.json()["error"] == OVERFLOW
+    # Anthropic's envelope; vLLM maps 503 to overloaded_error (vllm/entrypoints/anthropic/protocol.py:34-43)
+    assert messages.status == 503
+    assert messages.json() == {"type": "error", "error": {"type": "overloaded_error", "message": OVERFLOW["message"]}}

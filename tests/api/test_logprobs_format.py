@@ -4,6 +4,7 @@ mock clock: vLLM's shapes, identical values streamed and not, every 400."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import orjson
@@ -14,7 +15,8 @@ from llmsim.api.chat.render import ChatStreamRenderer
 from llmsim.api.completions.render import CompletionStreamRenderer
 from llmsim.api.generation import CollectingSink
 from llmsim.api.logprobs_format import ChatLogprobs, CompletionLogprobs, EchoedPrompt
-from llmsim.model.logprobs import synthesize_logprobs
+from llmsim.model.logprobs import MAX_SIMULATED_LOGPROBS, synthesize_logprobs
+from llmsim.model.text import EosToken
 from tests.api.fakes import EngineRun, make_job, post, running, sse_payloads
 
 LATENCY = {"time_to_first_token": 0.1, "inter_token_latency": 0.01}
@@ -61,10 +63,35 @@ def test_chat_stream_with_logprobs_exact_bytes() -> None:
         + CHAT_HEAD
         + b'[{"index":0,"delta":{"content":" w\xc3\xb6rld"},"logprobs":{"content":['
         + chat_entry(" w\u00f6rld", 1, 2)
-        + b']},"finish_reason":null,"token_ids":null}]}\n\n'
-        + CHAT_HEAD
-        + b'[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"length",'
-        b'"stop_reason":null,"token_ids":null}]}\n\n' + DONE
+        + b']},"finish_reason":"length","stop_reason":null,"token_ids":null}]}\n\n'
+        + DONE
+    )
+
+
+def test_chat_stream_eos_chunk_carries_the_eos_tokens_logprobs() -> None:
+    """The EOS token's chunk has logprobs like any token, named by its string
+    (vllm/entrypoints/openai/chat_completion/serving.py:724-735,1216-1280)."""
+    eos = EosToken(3, "<|im_end|>")
+    run = EngineRun(**LATENCY)
+    renderer = ChatStreamRenderer(
+        response_id="chatcmpl-1",
+        created=1,
+        model="m",
+        choices=1,
+        include_usage=False,
+        logprobs=ChatLogprobs(0, [SEED], eos),
+    )
+    sink = run.streaming_sink(renderer, 1)
+    job = make_job(sink, ("Hi", ""), "stop")
+    job.output_token_ids = (700, eos.token_id)
+    run.submit([job])
+    run.run()
+    assert run.response.body.endswith(
+        CHAT_HEAD
+        + b'[{"index":0,"delta":{"content":""},"logprobs":{"content":['
+        + chat_entry("<|im_end|>", 1, 0)
+        + b']},"finish_reason":"stop","stop_reason":null,"token_ids":null}]}\n\n'
+        + DONE
     )
 
 
@@ -170,17 +197,20 @@ async def test_chat_logprobs_streamed_equal_complete(top_logprobs: int | None, a
         streamed = await post(sim, CHAT, chat(**fields, stream=True), SAME_ID)
     for choice in whole.json()["choices"]:
         content = choice["logprobs"]["content"]
-        assert "".join(entry["token"] for entry in content) == choice["message"]["content"]
+        text = [entry["token"] for entry in content]
+        if choice["finish_reason"] == "stop":  # the EOS token is listed, its text is not in the content
+            assert text.pop() == "<|im_end|>"
+        assert "".join(text) == choice["message"]["content"]
         assert all(len(entry["top_logprobs"]) == (top_logprobs or 0) for entry in content)
         assert all(entry["bytes"] == list(entry["token"].encode()) for entry in content)
         assert all(entry["logprob"] <= 0 for entry in content)
         chunks = [
             c["choices"][0] for c in sse_payloads(streamed.body)[:-1] if c["choices"][0]["index"] == choice["index"]
         ]
-        assert chunks[0]["logprobs"] is None and chunks[-1]["logprobs"] is None  # the role and finish chunks
-        streamed_content = [entry for chunk in chunks[1:-1] for entry in chunk["logprobs"]["content"]]
+        assert chunks[0]["logprobs"] is None  # the role chunk; every token's chunk has its own, the last too
+        streamed_content = [entry for chunk in chunks[1:] for entry in chunk["logprobs"]["content"]]
         assert streamed_content == content
-        assert all(len(chunk["logprobs"]["content"]) == 1 for chunk in chunks[1:-1])
+        assert all(len(chunk["logprobs"]["content"]) == 1 for chunk in chunks[1:])
 
 
 async def test_chat_logprobs_cover_tool_call_arguments(autojump_clock: MockClock) -> None:
@@ -190,11 +220,14 @@ async def test_chat_logprobs_cover_tool_call_arguments(autojump_clock: MockClock
         streamed = await post(sim, CHAT, chat(tools=[tool], tool_choice="required", logprobs=True, stream=True))
     choice = response.json()["choices"][0]
     arguments = "".join(call["function"]["arguments"] for call in choice["message"]["tool_calls"])
-    assert "".join(entry["token"] for entry in choice["logprobs"]["content"]) == arguments
-    for chunk in sse_payloads(streamed.body)[:-1]:
+    *tokens, eos = (entry["token"] for entry in choice["logprobs"]["content"])
+    assert "".join(tokens) == arguments and eos == "<|im_end|>"
+    *chunks, last = sse_payloads(streamed.body)[:-1]
+    for chunk in chunks:
         delta = chunk["choices"][0]["delta"]
         has_token = "arguments" in str(delta)
         assert (chunk["choices"][0]["logprobs"] is not None) == has_token
+    assert last["choices"][0]["delta"] == {"content": ""} and last["choices"][0]["logprobs"] is not None
 
 
 async def test_chat_without_logprobs_keeps_them_null(autojump_clock: MockClock) -> None:
@@ -215,7 +248,9 @@ async def test_completion_logprobs_streamed_equal_complete(
     for choice in whole.json()["choices"]:
         values = choice["logprobs"]
         assert list(values) == ["text_offset", "token_logprobs", "tokens", "top_logprobs"]
-        assert "".join(values["tokens"]) == choice["text"]
+        eos = ["<|im_end|>"] if choice["finish_reason"] == "stop" else []  # listed, not in the text
+        assert values["tokens"][len(values["tokens"]) - len(eos) :] == eos
+        assert "".join(values["tokens"][: len(values["tokens"]) - len(eos)]) == choice["text"]
         assert values["text_offset"] == [sum(map(len, values["tokens"][:i])) for i in range(len(values["tokens"]))]
         listed = [top for top in values["top_logprobs"] if top is not None]
         assert all(len(top) == max(logprobs, 1) for top in listed)
@@ -248,19 +283,29 @@ async def test_echoed_prompts_share_logprobs_across_their_choices(autojump_clock
 @pytest.mark.parametrize(
     ("path", "body", "param", "message"),
     [
-        (CHAT, chat(top_logprobs=2), "top_logprobs", "when using `top_logprobs`, `logprobs` must be set to true."),
-        (CHAT, chat(logprobs=False, top_logprobs=1), "top_logprobs", "`logprobs` must be set to true"),
+        # vllm/entrypoints/openai/chat_completion/protocol.py:913-926
         (
             CHAT,
-            chat(logprobs=True, top_logprobs=21),
+            chat(top_logprobs=2),
             "top_logprobs",
-            "`top_logprobs` must be between 0 and 20, got 21.",
+            "when using `top_logprobs`, `logprobs` must be set to true. (parameter=top_logprobs)",
         ),
-        (CHAT, chat(logprobs=True, top_logprobs=-1), "top_logprobs", "between 0 and 20"),
+        (CHAT, chat(logprobs=False, top_logprobs=-1), "top_logprobs", "`logprobs` must be set to true"),
+        (
+            CHAT,
+            chat(logprobs=True, top_logprobs=-2),
+            "top_logprobs",
+            "`top_logprobs` must be a positive value or -1. (parameter=top_logprobs, value=-2)",
+        ),
         (CHAT, chat(logprobs=1), "logprobs", "expected a boolean"),
         (CHAT, chat(logprobs=True, top_logprobs=2.5), "top_logprobs", "expected an integer"),
-        (COMPLETIONS, completion(logprobs=6), "logprobs", "`logprobs` must be between 0 and 5, got 6."),
-        (COMPLETIONS, completion(logprobs=-1), "logprobs", "between 0 and 5"),
+        # vllm/entrypoints/openai/completion/protocol.py:586-595
+        (
+            COMPLETIONS,
+            completion(logprobs=-2),
+            "logprobs",
+            "`logprobs` must be a positive value or -1. (parameter=logprobs, value=-2)",
+        ),
         (COMPLETIONS, completion(logprobs=True), "logprobs", "expected an integer"),
     ],
 )
@@ -273,3 +318,80 @@ async def test_invalid_logprob_requests_are_400(
     error = response.json()["error"]
     assert (error["param"], error["code"]) == (param, 400)
     assert message in error["message"]
+
+
+def too_many(count: int, limit: int) -> dict[str, Any]:
+    """vLLM's refusal of more logprobs than ``--max-logprobs``: ``param`` is ``logprobs``
+    whatever the field (vllm/sampling_params.py:922-937, vllm/exceptions.py:49-56)."""
+    return {
+        "message": f"Requested sample logprobs of {count}, which is greater than max allowed: {limit} "
+        f"(parameter=logprobs, value={count})",
+        "type": "BadRequestError",
+        "param": "logprobs",
+        "code": 400,
+    }
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "count"),
+    [
+        (CHAT, chat(logprobs=True, top_logprobs=21), 21),
+        (CHAT, chat(logprobs=True, top_logprobs=-1), 2**31),  # -1: the whole vocabulary
+        (COMPLETIONS, completion(logprobs=21), 21),
+        (COMPLETIONS, completion(logprobs=-1, echo=True), 2**31),
+    ],
+)
+async def test_more_logprobs_than_max_logprobs_is_vllms_400(
+    path: str, body: dict[str, Any], count: int, autojump_clock: MockClock
+) -> None:
+    async with running() as sim:
+        response = await post(sim, path, body)
+        assert sim.engine.statistics().submitted == 0
+    assert response.status == 400
+    assert response.body == orjson.dumps({"error": too_many(count, 20)})
+
+
+async def test_a_stream_asking_too_many_logprobs_gets_the_error_in_band(autojump_clock: MockClock) -> None:
+    # vLLM verifies the sampling params as the engine takes the request, on the stream's
+    # first iteration: a 200 whose only event is the error, then [DONE]
+    # (vllm/v1/engine/input_processor.py:157, chat_completion/serving.py:496-497,951-953;
+    # completion/serving.py:554-558 writes it with json.dumps)
+    async with running() as sim:
+        chat_stream = await post(sim, CHAT, chat(logprobs=True, top_logprobs=25, stream=True))
+        text_stream = await post(sim, COMPLETIONS, completion(logprobs=25, stream=True))
+        assert sim.engine.statistics().submitted == 0
+    assert (chat_stream.status, text_stream.status) == (200, 200)
+    assert chat_stream.body == b"data: " + orjson.dumps({"error": too_many(25, 20)}) + b"\n\n" + DONE
+    assert text_stream.body == b"data: " + json.dumps({"error": too_many(25, 20)}).encode() + b"\n\n" + DONE
+
+
+async def test_completions_take_up_to_max_logprobs(autojump_clock: MockClock) -> None:
+    async with running() as sim:
+        response = await post(sim, COMPLETIONS, completion(logprobs=20))
+    tops = response.json()["choices"][0]["logprobs"]["top_logprobs"]
+    assert tops and all(len(top) == 20 for top in tops)
+
+
+async def test_max_logprobs_raises_the_limit(autojump_clock: MockClock) -> None:
+    async with running(max_logprobs=40) as sim:
+        allowed = await post(sim, CHAT, chat(logprobs=True, top_logprobs=40))
+        refused = await post(sim, CHAT, chat(logprobs=True, top_logprobs=41))
+    content = allowed.json()["choices"][0]["logprobs"]["content"]
+    assert all(len({top["token"] for top in entry["top_logprobs"]}) == 40 for entry in content)
+    assert refused.body == orjson.dumps({"error": too_many(41, 40)})
+
+
+async def test_max_logprobs_minus_one_lifts_the_cap_to_what_llmsim_can_list(autojump_clock: MockClock) -> None:
+    # vLLM: -1 allows up to the vocabulary size (vllm/sampling_params.py:923-925); llmsim
+    # lists at most MAX_SIMULATED_LOGPROBS alternatives per token and says so
+    async with running(max_logprobs=-1) as sim:
+        many = await post(sim, COMPLETIONS, completion(logprobs=MAX_SIMULATED_LOGPROBS, max_tokens=2))
+        vocabulary = await post(sim, COMPLETIONS, completion(logprobs=-1))
+    assert all(len(top) == MAX_SIMULATED_LOGPROBS for top in many.json()["choices"][0]["logprobs"]["top_logprobs"])
+    assert vocabulary.status == 400
+    assert vocabulary.json()["error"] == {
+        "message": f"llmsim lists at most {MAX_SIMULATED_LOGPROBS} logprobs per token; {2**31} were requested.",
+        "type": "BadRequestError",
+        "param": "logprobs",
+        "code": 400,
+    }

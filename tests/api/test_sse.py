@@ -42,5 +42,15 @@ def test_error_events_are_vllms_bytes_then_done() -> None:
     )
 
 
+def test_chat_error_events_are_compact() -> None:
+    # chat dumps the ErrorResponse with model_dump_json (UTF-8, compact), completions with
+    # json.dumps (vllm/entrypoints/openai/chat_completion/serving.py:496-497,951-953)
+    error = ApiError(400, "bad \u00e9", param="n")
+    assert sse.error_events(error, compact=True) == (
+        b'data: {"error":{"message":"bad \xc3\xa9","type":"BadRequestError","param":"n","code":400}}\n\n'
+        b"data: [DONE]\n\n"
+    )
+
+
 def test_sse_content_type() -> None:
     assert sse.SSE_HEADERS == ((b"content-type", b"text/event-stream; charset=utf-8"),)

@@ -68,6 +68,25 @@ async def test_chat_streaming(client: openai.AsyncOpenAI) -> None:
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 10
 
 
+async def test_chat_stream_usage_on_every_chunk_and_min_tokens(client: openai.AsyncOpenAI) -> None:
+    """``continuous_usage_stats`` and ``min_tokens`` as vLLM 0.33 takes them (through
+    ``extra_body``): cumulative usage the SDK parses on every chunk
+    (chat_completion/serving.py:624-634, 838-851), and exactly ``min_tokens == max_tokens``
+    tokens (vllm/sampling_params.py:339)."""
+    stream = await client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_completion_tokens=6,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"min_tokens": 6, "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+    )
+    chunks = [chunk async for chunk in stream]
+    counts = [chunk.usage.completion_tokens for chunk in chunks if chunk.usage is not None]
+    assert counts == [0, 1, 2, 3, 4, 5, 6, 6]  # the role chunk, six tokens, the usage chunk
+    assert chunks[-2].choices[0].finish_reason == "length"
+
+
 async def test_chat_stream_helper_final_completion(client: openai.AsyncOpenAI) -> None:
     deltas: list[str] = []
     # No token cap: the helper raises LengthFinishReasonError on finish_reason "length".
@@ -152,7 +171,7 @@ async def test_sync_client(llmsim_server: ServerHandle, http_kwargs: dict[str, A
         (
             lambda c: c.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True, max_tokens=0),
             openai.BadRequestError,
-            "should be positive",
+            "max_tokens must be at least 1, got 0.",
         ),
     ],
 )
@@ -249,7 +268,8 @@ async def test_chat_stream_helper_with_tools(client: openai.AsyncOpenAI) -> None
     assert call.function.arguments == expected.function.arguments
     assert call.function.parsed_arguments == Forecast.model_validate_json(expected.function.arguments)
     assert [event.parsed_arguments for event in done_events] == [call.function.parsed_arguments]
-    assert final.choices[0].finish_reason == "tool_calls"
+    # a forced named tool finishes "stop" (vllm/entrypoints/serve/utils/tool_calls_utils.py:41-59)
+    assert final.choices[0].finish_reason == plain.choices[0].finish_reason == "stop"
     assert final.choices[0].message.role == "assistant"
 
 
@@ -267,7 +287,10 @@ async def test_chat_logprobs_parse_into_the_sdk_types(client: openai.AsyncOpenAI
     logprobs = completion.choices[0].logprobs
     assert isinstance(logprobs, ChoiceLogprobs) and logprobs.content
     assert all(isinstance(entry, ChatCompletionTokenLogprob) for entry in logprobs.content)
-    assert "".join(entry.token for entry in logprobs.content) == completion.choices[0].message.content
+    tokens = [entry.token for entry in logprobs.content]
+    if completion.choices[0].finish_reason == "stop":  # the EOS token is listed, not in the text
+        assert tokens.pop() == "<|im_end|>"
+    assert "".join(tokens) == completion.choices[0].message.content
     assert all(
         len(entry.top_logprobs) == 3 and entry.top_logprobs[0].token == entry.token for entry in logprobs.content
     )
@@ -290,7 +313,10 @@ async def test_completion_logprobs_with_echo(client: openai.AsyncOpenAI) -> None
     ]
     logprobs = completion.choices[0].logprobs
     assert logprobs is not None and logprobs.tokens and logprobs.token_logprobs and logprobs.top_logprobs
-    assert "".join(logprobs.tokens) == completion.choices[0].text
+    tokens = list(logprobs.tokens)
+    if completion.choices[0].finish_reason == "stop":  # the EOS token is listed, not in the text
+        assert tokens.pop() == "<|im_end|>"
+    assert "".join(tokens) == completion.choices[0].text
     assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
     assert all(len(top) == 2 for top in logprobs.top_logprobs[1:])
     streamed = [chunk.choices[0].logprobs for chunk in chunks]

@@ -76,7 +76,6 @@ async def test_create_streaming(client: openai.AsyncOpenAI) -> None:
                 ],
             }
         ],
-        max_output_tokens=8,
         stream=True,
     )
     events = [event async for event in stream]
@@ -93,6 +92,7 @@ async def test_create_streaming(client: openai.AsyncOpenAI) -> None:
         "response.output_item.done",
         "response.completed",
     ]
+    assert events[-1].response.status == "completed"  # type: ignore[union-attr]
     assert [event.sequence_number for event in events] == list(range(len(events)))
     deltas = [event for event in events if event.type == "response.output_text.delta"]
     assert deltas and all(event.content_index == 0 and event.output_index == 0 for event in deltas)
@@ -103,13 +103,39 @@ async def test_create_streaming(client: openai.AsyncOpenAI) -> None:
 
 async def test_stream_helper_final_response(client: openai.AsyncOpenAI) -> None:
     texts: list[str] = []
-    async with client.responses.stream(model=MODEL, input="Hello", max_output_tokens=20) as stream:
+    async with client.responses.stream(model=MODEL, input="Hello") as stream:
         async for event in stream:
             if event.type == "response.output_text.delta":
                 texts.append(event.delta)
         final = await stream.get_final_response()
     assert final.output_text == "".join(texts)
-    assert final.status in ("completed", "incomplete")
+    assert final.status == "completed"
+
+
+async def test_a_stream_cut_by_max_output_tokens_ends_with_response_incomplete(client: openai.AsyncOpenAI) -> None:
+    # vLLM 0.33 ends it with response.incomplete (vllm/entrypoints/openai/responses/serving.py:1442-1456),
+    # as OpenAI does; the SDK parses the event, and its stream() helper, which builds its final
+    # response from response.completed only (openai/lib/streaming/responses/_responses.py), has none
+    stream = await client.responses.create(
+        model=MODEL, input="Tell me a story.", max_output_tokens=6, stream=True, extra_body={"ignore_eos": True}
+    )
+    events = [event async for event in stream]
+    assert [event.type for event in events][-2:] == ["response.output_item.done", "response.incomplete"]
+    last = events[-1]
+    assert isinstance(last, openai.types.responses.ResponseIncompleteEvent)
+    assert last.response.status == "incomplete" and last.response.incomplete_details is not None
+    assert last.response.incomplete_details.reason == "max_output_tokens"
+    assert last.response.usage is not None and last.response.usage.output_tokens == 6
+    assert last.response.output_text == "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    async with client.responses.stream(
+        model=MODEL, input="Hi", max_output_tokens=3, extra_body={"ignore_eos": True}
+    ) as helper:
+        kinds = [event.type async for event in helper]
+        with pytest.raises(RuntimeError, match=r"`response\.completed`"):
+            await helper.get_final_response()
+    assert kinds[-1] == "response.incomplete"
+    stored = await client.responses.retrieve(last.response.id)
+    assert stored.status == "incomplete" and stored.output_text == last.response.output_text
 
 
 async def test_two_turn_tool_conversation(client: openai.AsyncOpenAI) -> None:
@@ -172,7 +198,7 @@ async def test_previous_response_id_chain_and_retrieve(client: openai.AsyncOpenA
 
 
 async def test_streamed_response_is_stored(client: openai.AsyncOpenAI) -> None:
-    async with client.responses.stream(model=MODEL, input="Hi", max_output_tokens=5) as stream:
+    async with client.responses.stream(model=MODEL, input="Hi") as stream:
         final = await stream.get_final_response()
     fetched = await client.responses.retrieve(final.id)
     assert fetched.output_text == final.output_text and fetched.usage == final.usage
@@ -218,7 +244,7 @@ async def test_sync_client(llmsim_server: ServerHandle, http_kwargs: dict[str, A
                 base_url=f"{llmsim_server.url}/v1", api_key="unused", max_retries=0, http_client=http_client
             )
             created = client.responses.create(model=MODEL, input="Hi", max_output_tokens=4)
-            with client.responses.stream(model=MODEL, input="Hi", max_output_tokens=4) as stream:
+            with client.responses.stream(model=MODEL, input="Hi") as stream:
                 final = stream.get_final_response()
             return created, final
 

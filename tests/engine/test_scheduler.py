@@ -13,7 +13,7 @@ import pytest
 
 from llmsim.app import build_engine
 from llmsim.config import Config
-from llmsim.engine import QUEUE_FULL_MESSAGE, Engine, JobState, QueueFullError
+from llmsim.engine import Engine, JobState, QueueFullError, QueueLimit
 from llmsim.engine.testing import planned_job, recording_sink, run_until_idle
 
 # --- TTFT and ITL --------------------------------------------------------------------------
@@ -171,9 +171,10 @@ def test_full_queue_rejects_and_changes_nothing_else() -> None:
     engine.submit(waiting, 0.0)
     before = (engine.statistics(), engine.next_deadline())
 
-    with pytest.raises(QueueFullError, match=QUEUE_FULL_MESSAGE):
+    with pytest.raises(QueueFullError) as caught:
         engine.submit(refused, 0.01)
 
+    assert caught.value.limit is QueueLimit.WAITING_QUEUE_LENGTH
     assert refused.state is JobState.REJECTED
     after = engine.statistics()
     assert attrs.evolve(after, rejected=0, submitted=after.submitted - 1) == before[0]
@@ -182,6 +183,35 @@ def test_full_queue_rejects_and_changes_nothing_else() -> None:
     run_until_idle(engine)
     assert recording_sink(refused).calls == []
     assert waiting.state is JobState.FINISHED
+
+
+def test_admission_counts_running_and_waiting_jobs_against_max_num_queued_reqs() -> None:
+    # vLLM's AsyncLLM.check_admission: refuse when in flight + n > max_num_queued_reqs
+    # (vllm/v1/engine/async_llm.py:352-369); a request of n choices counts n.
+    engine = build_engine(Config(time_to_first_token=0.1, max_num_seqs=1, max_num_queued_reqs=3))
+    engine.check_admission(3)
+    engine.submit(planned_job(), 0.0)  # running
+    engine.submit(planned_job(), 0.0)  # waiting
+    before = (engine.statistics(), engine.next_deadline())
+    engine.check_admission(1)
+    with pytest.raises(QueueFullError) as caught:
+        engine.check_admission(2)
+    assert caught.value.limit is QueueLimit.QUEUED_REQUESTS
+    assert (engine.statistics(), engine.next_deadline()) == before  # nothing changed
+    run_until_idle(engine)
+    engine.check_admission(3)  # finished jobs are no longer in flight
+
+
+def test_without_max_num_queued_reqs_admission_accepts_everything() -> None:
+    engine = build_engine(Config(max_num_seqs=1, max_waiting_queue_length=0))
+    engine.submit(planned_job(), 0.0)
+    engine.check_admission(10**9)
+
+
+def test_max_num_queued_reqs_zero_refuses_every_request() -> None:
+    engine = build_engine(Config(max_num_queued_reqs=0))
+    with pytest.raises(QueueFullError):
+        engine.check_admission(1)
 
 
 def test_zero_length_queue_rejects_as_soon_as_the_slots_are_busy() -> None:

@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmsim.model.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, synthesize_logprobs, token_bytes
+from llmsim.model.logprobs import MAX_SIMULATED_LOGPROBS, TokenLogprob, synthesize_logprobs, token_bytes
 
 TOKENS = st.lists(st.one_of(st.text(max_size=6), st.sampled_from([" the", ",", ".", "\n", " a", "Hello"])), max_size=20)
 
 
-@given(TOKENS, st.integers(0, MAX_TOP_LOGPROBS), st.integers(0, 10**6), st.integers(-(2**70), 2**70))
+@given(TOKENS, st.integers(0, MAX_SIMULATED_LOGPROBS), st.integers(0, 10**6), st.integers(-(2**70), 2**70))
 def test_shape_invariants(tokens: list[str], top_n: int, offset: int, seed: int) -> None:
     values = synthesize_logprobs(tokens, top_n=top_n, position_offset=offset, seed=seed)
     assert [v.token for v in values] == tokens
@@ -32,7 +32,7 @@ def test_shape_invariants(tokens: list[str], top_n: int, offset: int, seed: int)
             assert sum(math.exp(lp) for lp in logprobs) < 1.0
 
 
-@given(TOKENS, st.integers(0, MAX_TOP_LOGPROBS), st.integers(0, 10**4), st.integers(0, 2**32))
+@given(TOKENS, st.integers(0, MAX_SIMULATED_LOGPROBS), st.integers(0, 10**4), st.integers(0, 2**32))
 def test_streamed_and_whole_responses_carry_identical_values(
     tokens: list[str], top_n: int, offset: int, seed: int
 ) -> None:
@@ -47,7 +47,7 @@ def test_streamed_and_whole_responses_carry_identical_values(
 def test_more_alternatives_only_extend_the_list() -> None:
     tokens = ["Hello", ",", " world", "!"]
     few = synthesize_logprobs(tokens, top_n=2, seed=3)
-    many = synthesize_logprobs(tokens, top_n=MAX_TOP_LOGPROBS, seed=3)
+    many = synthesize_logprobs(tokens, top_n=MAX_SIMULATED_LOGPROBS, seed=3)
     assert [(v.token, v.logprob) for v in few] == [(v.token, v.logprob) for v in many]
     assert all(m.top[:2] == f.top for f, m in zip(few, many, strict=True))
 
@@ -69,7 +69,7 @@ def test_the_chosen_token_is_usually_likely() -> None:
 
 def test_alternative_for_a_token_that_is_itself_a_common_token() -> None:
     for position in range(64):
-        (value,) = synthesize_logprobs([" the"], top_n=MAX_TOP_LOGPROBS, position_offset=position)
+        (value,) = synthesize_logprobs([" the"], top_n=MAX_SIMULATED_LOGPROBS, position_offset=position)
         assert [name for name, _ in value.top].count(" the") == 1
 
 
@@ -85,7 +85,7 @@ def test_entries_are_frozen_attrs_with_slots() -> None:
         value.logprob = 0.0  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("top_n", [-1, MAX_TOP_LOGPROBS + 1])
+@pytest.mark.parametrize("top_n", [-1, MAX_SIMULATED_LOGPROBS + 1])
 def test_top_n_out_of_range_is_refused(top_n: int) -> None:
-    with pytest.raises(ValueError, match=f"top_n must be in 0..{MAX_TOP_LOGPROBS}"):
+    with pytest.raises(ValueError, match=f"top_n must be in 0..{MAX_SIMULATED_LOGPROBS}"):
         synthesize_logprobs(["x"], top_n=top_n)

@@ -16,8 +16,10 @@ from tokenizers import models, pre_tokenizers, trainers
 
 from llmsim.model.corpus import SENTENCES
 from llmsim.model.text import (
+    EosToken,
     GeneratedText,
     TextGenerator,
+    eos_token,
     histogram_bucket,
     histogram_length,
     unbounded_length,
@@ -38,6 +40,7 @@ def generate(
     ignore_eos: bool = False,
     prompt_tokens: int = 24,
     echo_text: str | None = None,
+    min_tokens: int = 0,
 ) -> GeneratedText:
     return generator.generate(
         random.Random(seed),
@@ -45,6 +48,7 @@ def generate(
         ignore_eos=ignore_eos,
         prompt_tokens=prompt_tokens,
         echo_text=echo_text,
+        min_tokens=min_tokens,
     )
 
 
@@ -211,3 +215,58 @@ def test_random_text_with_an_hf_tokenizer(tmp_path: Path) -> None:
     assert len(out.pieces) == len(out.token_ids) == 50
     assert is_corpus_text(out.text)
     assert tokenizer.token_strings(out.token_ids) == [piece.strip() for piece in out.pieces]
+
+
+# --- min_tokens and the EOS token ------------------------------------------------------------------
+
+
+@given(max_tokens=st.integers(1, 300), min_tokens=st.integers(0, 300), seed=st.integers(0, 2**32))
+def test_min_tokens_is_a_floor_within_the_cap(max_tokens: int, min_tokens: int, seed: int) -> None:
+    """vLLM masks EOS before ``min_tokens`` (vllm/sampling_params.py:339, 786-791), so no
+    output stops sooner; ``min_tokens == max_tokens`` is exactly the cap."""
+    out = generate(seed=seed, max_tokens=max_tokens, min_tokens=min_tokens)
+    cap = min(max_tokens, 1000)
+    assert min(min_tokens, cap) <= len(out.pieces) <= cap
+    assert out.finish_reason == ("length" if len(out.pieces) == cap else "stop")
+
+
+def test_min_tokens_equal_to_max_tokens_is_exactly_the_cap() -> None:
+    lengths = {len(generate(seed=seed, max_tokens=40, min_tokens=40).pieces) for seed in range(50)}
+    assert lengths == {40}
+
+
+def test_min_tokens_without_max_tokens_lifts_the_gaussian_draw() -> None:
+    assert all(len(generate(seed=seed, min_tokens=90).pieces) >= 90 for seed in range(50))
+
+
+def test_min_tokens_zero_draws_what_it_drew_before() -> None:
+    assert generate(seed=5, max_tokens=300, min_tokens=0) == generate(seed=5, max_tokens=300)
+
+
+def test_echo_mode_replays_the_prompt_whatever_min_tokens_says() -> None:
+    assert generate(ECHO, echo_text="one two", max_tokens=50, min_tokens=10).text == "one two"
+
+
+def test_the_eos_token_is_the_chatml_end_of_turn() -> None:
+    """The sim vocabulary's ``<|im_end|>``: one token, its own string (what vLLM's
+    logprobs name it by)."""
+    assert RANDOM.eos == EosToken(TOKENIZER.encode("<|im_end|>")[0], "<|im_end|>")
+    assert eos_token(TOKENIZER) == RANDOM.eos
+
+
+def test_an_hf_vocabulary_without_chatml_falls_back_to_another_eos(tmp_path: Path) -> None:
+    trained = tokenizers.Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    trained.pre_tokenizer = pre_tokenizers.Whitespace()
+    trained.train_from_iterator(SENTENCES, trainers.WordLevelTrainer(special_tokens=["[UNK]", "</s>"]))
+    trained.add_special_tokens(["</s>"])
+    trained.save(str(tmp_path / "tokenizer.json"))
+    tokenizer = HFTokenizer.from_path(str(tmp_path))
+    assert eos_token(tokenizer) == EosToken(tokenizer.encode("</s>")[0], "</s>")
+
+
+def test_a_vocabulary_without_any_known_eos_uses_token_0(tmp_path: Path) -> None:
+    trained = tokenizers.Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    trained.pre_tokenizer = pre_tokenizers.Whitespace()
+    trained.train_from_iterator(SENTENCES, trainers.WordLevelTrainer(special_tokens=["[UNK]"]))
+    trained.save(str(tmp_path / "tokenizer.json"))
+    assert eos_token(HFTokenizer.from_path(str(tmp_path))) == EosToken(0, "[UNK]")

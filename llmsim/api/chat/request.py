@@ -20,11 +20,10 @@ from typing import Any
 
 import attrs
 
-from llmsim.api.errors import ApiError
+from llmsim.api.errors import ApiError, validation_error
 from llmsim.api.prompts import MEDIA, prompt_ids, tool_call_text, tools_turn
 from llmsim.api.request_fields import GenerationParams, InputAudio, MediaUrl, check_generation_params
 from llmsim.api.structure import FieldTypeError, converter, structure
-from llmsim.model.logprobs import MAX_TOP_LOGPROBS
 from llmsim.model.tokenizer import ChatTurn, Tokenizer
 from llmsim.model.tools import NamedToolChoice, ToolChoice
 
@@ -203,12 +202,13 @@ def check_chat_params(request: ChatCompletionRequest) -> None:
     if isinstance(choice, NamedToolChoice) and all(tool.function.name != choice.name for tool in tools or ()):
         message = "The tool specified in `tool_choice` does not match any of the specified `tools`"
         raise ApiError(400, message, param="tool_choice")
+    # vllm/entrypoints/openai/chat_completion/protocol.py:913-926; the cap
+    # (--max-logprobs) is checked as the engine takes the request (api/logprobs_limit.py)
     top = request.top_logprobs
-    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
-        message = f"`top_logprobs` must be between 0 and {MAX_TOP_LOGPROBS}, got {top}."
-        raise ApiError(400, message, param="top_logprobs")
+    if top is not None and top < -1:
+        raise validation_error("`top_logprobs` must be a positive value or -1.", parameter="top_logprobs", value=top)
     if top and not request.logprobs:
-        raise ApiError(400, "when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs")
+        raise validation_error("when using `top_logprobs`, `logprobs` must be set to true.", parameter="top_logprobs")
 
 
 def parse_chat_request(body: dict[str, Any]) -> ChatCompletionRequest:

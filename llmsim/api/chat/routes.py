@@ -15,9 +15,11 @@ from llmsim.api.context import ApiContext, Call
 from llmsim.api.errors import JSON_HEADERS
 from llmsim.api.generation import RequestIdentity, check_job_count, collect, stream
 from llmsim.api.logprobs_format import ChatLogprobs, choice_seed
-from llmsim.api.plan import GenerationPlan, PromptPlan, TurnPlan, output_cap, plan_text_choices
+from llmsim.api.logprobs_limit import checked_logprobs
+from llmsim.api.plan import GenerationPlan, PromptPlan, TurnPlan, check_min_tokens, output_cap, plan_text_choices
 from llmsim.api.prompts import check_context_length
 from llmsim.api.router import Router
+from llmsim.api.usage import ChunkUsage
 from llmsim.model.tools import ToolSpec
 
 __all__ = ["chat_completions", "register"]
@@ -26,29 +28,32 @@ __all__ = ["chat_completions", "register"]
 async def chat_completions(call: Call) -> None:
     ctx = call.ctx
     request = parse_chat_request(call.json())
-    check_job_count(ctx, request.choices_per_prompt)
     tools = tool_specs(request.tools)
     model = ctx.resolve_model(request.model)
+    check_job_count(ctx, request.choices_per_prompt)
     prompt_ids = chat_prompt_ids(ctx.tokenizer, request.messages, request.tools)
     max_tokens = request.requested_max_tokens
     check_context_length(
         ctx.model.max_model_len, len(prompt_ids), max_tokens, max_tokens_param=request.max_tokens_param
     )
+    cap = output_cap(ctx, len(prompt_ids), max_tokens)
+    check_min_tokens(request.min_tokens or 0, cap)
     identity = RequestIdentity.of(call, "chatcmpl-")
     echo_text = last_user_text(request.messages)
     calling = bool(tools) and request.effective_tool_choice != "none"
     turns = _plan_turns(ctx, request, tools if calling else [], identity.request_id, len(prompt_ids), echo_text)
     plan = GenerationPlan(
         identity.request_id,
-        (PromptPlan(prompt_ids, output_cap(ctx, len(prompt_ids), max_tokens)),),
+        (PromptPlan(prompt_ids, cap),),
         turns,
         request.choices_per_prompt,
     )
     tool_calls = [turn.tool_calls for turn in turns] if calling else None
-    logprobs = None
+    logprobs = refusal = None
     if request.logprobs:
+        top_logprobs, refusal = checked_logprobs(ctx, request.top_logprobs or 0)
         seeds = [choice_seed(ctx.model.seed, identity.request_id, i) for i in range(len(turns))]
-        logprobs = ChatLogprobs(request.top_logprobs or 0, seeds)
+        logprobs = ChatLogprobs(top_logprobs, seeds, ctx.text.eos)
     created = int(ctx.wall_clock())
     echo = assistant_echo(request.messages) if request.echo else None
     if request.streaming:
@@ -61,10 +66,11 @@ async def chat_completions(call: Call) -> None:
             echo=echo,
             tool_calls=tool_calls,
             logprobs=logprobs,
+            chunk_usage=ChunkUsage(len(prompt_ids), with_details=True) if request.continuous_usage else None,
         )
-        await stream(call, plan, renderer, identity.headers)
+        await stream(call, plan, renderer, identity.headers, refusal=refusal)
         return
-    jobs = await collect(call, plan)
+    jobs = await collect(call, plan, refusal=refusal)
     body = chat_completion_body(
         response_id=identity.response_id,
         created=created,
@@ -88,6 +94,7 @@ def _plan_turns(
     """What each choice says: tool calls or text when ``tools`` may be called, else text."""
     max_tokens = request.requested_max_tokens
     ignore_eos = bool(request.ignore_eos)
+    min_tokens = request.min_tokens or 0
     if not tools:
         return plan_text_choices(
             ctx,
@@ -96,6 +103,7 @@ def _plan_turns(
             choices_per_prompt=request.choices_per_prompt,
             max_tokens=max_tokens,
             ignore_eos=ignore_eos,
+            min_tokens=min_tokens,
         )
     return plan_choices(
         ctx,
@@ -108,6 +116,7 @@ def _plan_turns(
         max_tokens=max_tokens,
         ignore_eos=ignore_eos,
         echo_text=echo_text,
+        min_tokens=min_tokens,
     )
 
 

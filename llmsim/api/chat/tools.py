@@ -5,7 +5,12 @@ Each choice draws from its own RNG (the one its text would come from), so a requ
 is reproducible under ``--seed``: first the tool planner (:mod:`llmsim.model.tools`) decides the
 calls (llm-d-inference-sim's rules for ``tool_choice``), then each call gets an id; a choice without calls
 answers with text.  A choice's output pieces are its calls' arguments, token by token,
-cut at the request's output cap like any text.
+cut at the request's output cap like any text, and ended by the EOS token when they fit.
+
+The finish reason is vLLM's ``resolve_finish_reason``
+(vllm/entrypoints/serve/utils/tool_calls_utils.py:41-59): ``tool_calls`` for calls the
+model ended itself, except under a named ``tool_choice``, which OpenAI reports as
+``stop``; calls cut at the cap stay ``length``.
 """
 
 from __future__ import annotations
@@ -13,12 +18,15 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+import attrs
+
 from llmsim.api.chat.request import ChatTool
 from llmsim.api.context import ApiContext
 from llmsim.api.errors import ApiError
-from llmsim.api.plan import TurnPlan, output_cap, plan_text, plan_tool_calls
+from llmsim.api.plan import TurnPlan, output_cap, plan_text, plan_tool_calls, with_eos
 from llmsim.api.tool_support import planning_errors
-from llmsim.model.tools import ToolChoice, ToolSchemaError, ToolSpec
+from llmsim.model.text import FinishReason
+from llmsim.model.tools import NamedToolChoice, ToolChoice, ToolSchemaError, ToolSpec
 from llmsim.model.tools import plan_tool_calls as choose_calls
 
 __all__ = ["plan_choices", "tool_call_id", "tool_specs"]
@@ -54,21 +62,31 @@ def plan_choices(
     max_tokens: int | None,
     ignore_eos: bool,
     echo_text: str,
+    min_tokens: int = 0,
 ) -> list[TurnPlan]:
     """What each choice says: its tool calls (at most one without
     ``parallel_tool_calls``), or text when the planner chose none."""
     options = ctx.tool_calls
     cap = output_cap(ctx, prompt_tokens, max_tokens)
+    named = isinstance(choice, NamedToolChoice)
     plans = []
     for index in range(choices):
         rng = ctx.rng_for(request_id, index)
         with planning_errors():
             calls = choose_calls(tools, choice, rng, options=options)[: None if parallel_tool_calls else 1]
         if calls:
-            plans.append(plan_tool_calls(ctx, [(call.name, tool_call_id(rng), call.arguments) for call in calls], cap))
+            turn = plan_tool_calls(ctx, [(call.name, tool_call_id(rng), call.arguments) for call in calls], cap)
+            if named and turn.finish_reason == FinishReason.TOOL_CALLS:
+                turn = attrs.evolve(turn, finish_reason=FinishReason.STOP)
         else:
-            text = plan_text(
-                ctx, rng, prompt_tokens=prompt_tokens, max_tokens=max_tokens, ignore_eos=ignore_eos, echo_text=echo_text
+            turn = plan_text(
+                ctx,
+                rng,
+                prompt_tokens=prompt_tokens,
+                max_tokens=max_tokens,
+                ignore_eos=ignore_eos,
+                echo_text=echo_text,
+                min_tokens=min_tokens,
             )
-            plans.append(text)
+        plans.append(with_eos(ctx, turn, cap))
     return plans

@@ -1,16 +1,24 @@
 """The exact bytes of /v1/completions: stream chunks and the complete response.
 
-Streams follow the vLLM ≈0.20 capture: every chunk dumps every field, ``usage`` null
-included, there is no role chunk, and ``finish_reason`` rides on the chunk of the last
-token::
+Streams follow vLLM 0.33 (``completion_stream_generator``,
+vllm/entrypoints/openai/completion/serving.py:299-558), keeping the older captures'
+``"usage":null``: there is no role chunk, one chunk per token, and ``finish_reason``
+rides on the chunk of the last token::
 
     data: {"id":"cmpl-…","object":"text_completion","created":T,"model":"m","choices":[{"index":0,"text":" and","logprobs":null,"finish_reason":"length","stop_reason":null,"prompt_token_ids":null,"token_ids":null}],"usage":null}
 
-then, with ``stream_options.include_usage``, a ``"choices":[]`` usage chunk, then
-``data: [DONE]``.  Choice ``i`` answers prompt ``i // n``; with ``echo: true`` its
-first chunk starts with that prompt's text.  With ``logprobs`` each chunk carries the
-logprobs of its tokens (the echoed prompt's too) instead of ``null``.  An error after
-the stream began ends it with vLLM's ``data: {"error": …}`` and ``[DONE]``.
+A turn the model ended itself ends with its EOS token (see
+``llmsim.api.plan.with_eos``), whose chunk has empty ``text`` and ``"stop"``, one
+inter-token latency after the last text.  Then, with ``stream_options.include_usage``,
+a ``"choices":[]`` usage chunk, then ``data: [DONE]``; with ``continuous_usage_stats``
+too, every chunk carries its choice's cumulative ``usage`` against its prompt
+(:class:`~llmsim.api.usage.ChunkUsage`).  Choice ``i`` answers prompt ``i // n``; with
+``echo: true`` its first chunk starts with that prompt's text, and with ``max_tokens:
+0`` as well that text is all it says: vLLM generates one token it does not show
+(serving.py:363-366), counted in usage.  With ``logprobs`` each chunk carries the
+logprobs of its tokens (the echoed prompt's too, the EOS token's too) instead of
+``null``.  An error after the stream began ends it with vLLM's ``data: {"error": …}``
+and ``[DONE]``.
 """  # noqa: E501 (the chunk above is quoted whole)
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from collections.abc import Sequence
 from llmsim.api.errors import ApiError
 from llmsim.api.logprobs_format import CompletionLogprobs
 from llmsim.api.sse import DONE_EVENT, chunk_head, error_events, escape, escape_uncached, json_bytes
-from llmsim.api.usage import Usage
+from llmsim.api.usage import ChunkUsage, Usage
 from llmsim.engine.job import Job, JobState
 
 __all__ = ["CompletionStreamRenderer", "completion_body"]
@@ -28,15 +36,21 @@ __all__ = ["CompletionStreamRenderer", "completion_body"]
 _TEXT_OPEN = b',"text":"'
 _LOGPROBS_KEY = b'","logprobs":'
 _REASON_KEY = b',"finish_reason":'
-_CHOICE_TAIL = b',"stop_reason":null,"prompt_token_ids":null,"token_ids":null}],"usage":null}\n\n'
-_UNFINISHED = _REASON_KEY + b"null" + _CHOICE_TAIL
-_TOKEN_CLOSE = _LOGPROBS_KEY + b"null" + _UNFINISHED
-_FINISH_OPEN = _LOGPROBS_KEY + b"null" + _REASON_KEY
+_UNFINISHED = _REASON_KEY + b"null"
+_CHOICE_CLOSE = b',"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]'
+_NO_USAGE = b',"usage":null'
+_END = b"}\n\n"
+_TOKEN_CLOSE = _LOGPROBS_KEY + b"null" + _UNFINISHED + _CHOICE_CLOSE + _NO_USAGE + _END
 _FINISHED = JobState.FINISHED  # a module global: enum member lookups cost on the per-token path
 
 
 class CompletionStreamRenderer:
-    """Renders one streaming completions request's jobs into SSE bytes."""
+    """Renders one streaming completions request's jobs into SSE bytes.
+
+    ``echo_prompts`` are the texts ``echo`` prepends, one per prompt; ``prompt_only``
+    is ``echo`` with ``max_tokens: 0``; ``chunk_usages`` (one per prompt) put the
+    cumulative usage on every chunk.
+    """
 
     def __init__(
         self,
@@ -48,7 +62,9 @@ class CompletionStreamRenderer:
         choices_per_prompt: int,
         include_usage: bool,
         echo_prompts: Sequence[str] | None = None,
+        prompt_only: bool = False,
         logprobs: CompletionLogprobs | None = None,
+        chunk_usages: Sequence[ChunkUsage] | None = None,
     ) -> None:
         head = chunk_head(response_id, b'"text_completion"', created, model)
         # One plain loop, not a comprehension per list: this runs once per request.
@@ -62,7 +78,10 @@ class CompletionStreamRenderer:
         self._choices_per_prompt = choices_per_prompt
         self._include_usage = include_usage
         self._echo_prompts = None if echo_prompts is None else [escape_uncached(text) for text in echo_prompts]
+        self._prompt_only = prompt_only
         self._logprobs = logprobs
+        self._chunk_usages = chunk_usages
+        self._plain = logprobs is None and chunk_usages is None  # every chunk bare text: the fast path
 
     def head(self) -> bytes:
         return b""  # nothing goes out before the first token
@@ -72,8 +91,10 @@ class CompletionStreamRenderer:
         carries the finish_reason (a job with no tokens still gets that one chunk)."""
         index = job.index
         finished = job.state is _FINISHED
-        if start and stop - start == 1 and not finished and self._logprobs is None:  # the common case
+        if self._plain and start and stop - start == 1 and not finished:  # the common case
             return self._text_opens[index] + escape(job.output[start]) + _TOKEN_CLOSE
+        if self._prompt_only:
+            return self._prompt_chunk(job)
         texts = [escape(piece) for piece in job.output[start:stop]]
         if start == 0 and self._echo_prompts is not None:
             prompt = self._echo_prompts[index // self._choices_per_prompt]
@@ -82,25 +103,38 @@ class CompletionStreamRenderer:
             if not finished:
                 return b""
             texts = [b""]
-        if self._logprobs is not None:
-            return self._with_logprobs(job, start, stop, texts, self._logprobs, finished)
-        close = _FINISH_OPEN + json_bytes(job.finish_reason) + _CHOICE_TAIL if finished else _TOKEN_CLOSE
+        if not self._plain:
+            return self._chunks(job, start, stop, texts, finished)
+        close = _LOGPROBS_KEY + b"null" + _finish_close(job) + _NO_USAGE + _END if finished else _TOKEN_CLOSE
         return self._text_opens[index] + self._text_joiners[index].join(texts) + close
 
-    def _with_logprobs(
-        self, job: Job, start: int, stop: int, texts: list[bytes], logprobs: CompletionLogprobs, finished: bool
-    ) -> bytes:
+    def _chunks(self, job: Job, start: int, stop: int, texts: list[bytes], finished: bool) -> bytes:
         """One chunk per text, each with the logprobs of its token (the first with the
-        echoed prompt's, an empty finishing chunk with none)."""
-        text_open = self._text_opens[job.index]
+        echoed prompt's, an empty finishing chunk with none) and the usage so far."""
+        logprobs = self._logprobs
         last = len(texts) - 1
         chunks = []
         for k, text in enumerate(texts):
             position = start + k
-            values = logprobs.chunk_bytes(job, position, min(position + 1, stop))
-            tail = _REASON_KEY + json_bytes(job.finish_reason) + _CHOICE_TAIL if finished and k == last else _UNFINISHED
-            chunks.append(text_open + text + _LOGPROBS_KEY + values + tail)
+            values = b"null" if logprobs is None else logprobs.chunk_bytes(job, position, min(position + 1, stop))
+            reason = _finish_close(job) if finished and k == last else _UNFINISHED + _CHOICE_CLOSE
+            chunks.append(self._chunk(job, text, values, reason, min(position + 1, stop)))
         return b"".join(chunks)
+
+    def _prompt_chunk(self, job: Job) -> bytes:
+        """``echo`` without generation: the job's one call (its one token is its last)
+        sends the prompt alone, with the prompt's logprobs, and counts the token."""
+        assert self._echo_prompts is not None  # prompt_only comes with echo
+        prompt = self._echo_prompts[job.index // self._choices_per_prompt]
+        values = b"null" if self._logprobs is None else self._logprobs.chunk_bytes(job, 0, 0)
+        return self._chunk(job, prompt, values, _finish_close(job), job.emitted)
+
+    def _chunk(self, job: Job, text: bytes, values: bytes, reason: bytes, tokens: int) -> bytes:
+        """One chunk: ``text``, its logprobs ``values``, the finish ``reason`` and the
+        rest of the choice, and the usage after ``tokens`` tokens of the choice."""
+        usages = self._chunk_usages
+        usage = _NO_USAGE if usages is None else usages[job.index // self._choices_per_prompt].render(tokens)
+        return self._text_opens[job.index] + text + _LOGPROBS_KEY + values + reason + usage + _END
 
     def tail(self, jobs: Sequence[Job]) -> bytes:
         """After the last choice finished: the usage chunk if asked for, then [DONE]."""
@@ -113,6 +147,11 @@ class CompletionStreamRenderer:
         return error_events(error)
 
 
+def _finish_close(job: Job) -> bytes:
+    """A finished job's last chunk, from its finish reason to the end of its choice."""
+    return _REASON_KEY + json_bytes(job.finish_reason) + _CHOICE_CLOSE
+
+
 def completion_body(
     *,
     response_id: str,
@@ -121,12 +160,15 @@ def completion_body(
     jobs: Sequence[Job],
     choices_per_prompt: int,
     echo_prompts: Sequence[str] | None = None,
+    prompt_only: bool = False,
     logprobs: CompletionLogprobs | None = None,
 ) -> bytes:
-    """The non-streaming response, in vLLM 0.23's shape (every field, nulls included)."""
+    """The non-streaming response, in vLLM 0.23's shape (every field, nulls included).
+    With ``prompt_only`` (``echo`` with ``max_tokens: 0``) each choice's text is its
+    prompt alone, though usage counts the token generated (serving.py:590-597, 653)."""
 
     def text_of(job: Job) -> str:
-        text = "".join(job.output)
+        text = "" if prompt_only else "".join(job.output)
         if echo_prompts is None:
             return text
         return echo_prompts[job.index // choices_per_prompt] + text
@@ -135,7 +177,7 @@ def completion_body(
         {
             "index": job.index,
             "text": text_of(job),
-            "logprobs": None if logprobs is None else logprobs.of(job),
+            "logprobs": None if logprobs is None else logprobs.of(job, with_output=not prompt_only),
             "finish_reason": job.finish_reason,
             "stop_reason": None,
             "token_ids": None,

@@ -13,14 +13,13 @@ from typing import Any
 
 import attrs
 
-from llmsim.api.errors import ApiError
+from llmsim.api.errors import validation_error
 from llmsim.api.request_fields import GenerationParams, Prompt, check_generation_params
 from llmsim.api.structure import structure
 
-__all__ = ["COMPLETIONS_DEFAULT_MAX_TOKENS", "MAX_COMPLETION_LOGPROBS", "CompletionRequest", "parse_completion_request"]
+__all__ = ["COMPLETIONS_DEFAULT_MAX_TOKENS", "CompletionRequest", "parse_completion_request"]
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest.max_tokens default
-MAX_COMPLETION_LOGPROBS = 5  # OpenAI's bound on /v1/completions ``logprobs``
 
 
 @attrs.frozen(kw_only=True)
@@ -29,12 +28,20 @@ class CompletionRequest(GenerationParams):
     max_tokens: int | None = COMPLETIONS_DEFAULT_MAX_TOKENS
     logprobs: int | None = None
 
+    @property
+    def echo_without_generation(self) -> bool:
+        """``echo`` with ``max_tokens: 0``: vLLM generates one token (its internal
+        max_tokens is 1) and answers with the prompt alone
+        (vllm/entrypoints/openai/completion/protocol.py:393,416; serving.py:363-366,594-597)."""
+        return bool(self.echo) and self.max_tokens == 0
+
 
 def parse_completion_request(body: dict[str, Any]) -> CompletionRequest:
     request = structure(body, CompletionRequest)
     check_generation_params(request)
+    # vllm/entrypoints/openai/completion/protocol.py:586-595; the cap (--max-logprobs)
+    # is checked as the engine takes the request (api/logprobs_limit.py)
     logprobs = request.logprobs
-    if logprobs is not None and not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS:
-        message = f"`logprobs` must be between 0 and {MAX_COMPLETION_LOGPROBS}, got {logprobs}."
-        raise ApiError(400, message, param="logprobs")
+    if logprobs is not None and logprobs < -1:
+        raise validation_error("`logprobs` must be a positive value or -1.", parameter="logprobs", value=logprobs)
     return request

@@ -5,12 +5,14 @@ from __future__ import annotations
 from llmsim.api.completions.render import CompletionStreamRenderer, completion_body
 from llmsim.api.completions.request import CompletionRequest, parse_completion_request
 from llmsim.api.context import ApiContext, Call
-from llmsim.api.errors import JSON_HEADERS
+from llmsim.api.errors import JSON_HEADERS, ApiError
 from llmsim.api.generation import RequestIdentity, check_job_count, collect, stream
 from llmsim.api.logprobs_format import CompletionLogprobs, EchoedPrompt, choice_seed
-from llmsim.api.plan import GenerationPlan, PromptPlan, output_cap, plan_text_choices
+from llmsim.api.logprobs_limit import checked_logprobs
+from llmsim.api.plan import GenerationPlan, PromptPlan, check_min_tokens, output_cap, plan_text_choices
 from llmsim.api.prompts import CompletionPrompt, check_context_length, completion_prompts
 from llmsim.api.router import Router
+from llmsim.api.usage import ChunkUsage
 
 __all__ = ["completions", "register"]
 
@@ -23,7 +25,13 @@ async def completions(call: Call) -> None:
     check_job_count(ctx, len(prompts) * request.choices_per_prompt)
     max_tokens = request.requested_max_tokens
     for prompt in prompts:
-        check_context_length(ctx.model.max_model_len, len(prompt.token_ids), max_tokens)
+        check_context_length(ctx.model.max_model_len, len(prompt.token_ids), max_tokens, prompt_is_text=prompt.is_text)
+    prompt_only = request.echo_without_generation
+    if prompt_only:  # vLLM generates one token, unseen (completion/protocol.py:393,416)
+        max_tokens = 1
+    caps = [output_cap(ctx, len(prompt.token_ids), max_tokens) for prompt in prompts]
+    for cap in caps:
+        check_min_tokens(request.min_tokens or 0, cap)
     identity = RequestIdentity.of(call, "cmpl-")
     n = request.choices_per_prompt
     turns = plan_text_choices(
@@ -33,16 +41,17 @@ async def completions(call: Call) -> None:
         choices_per_prompt=n,
         max_tokens=max_tokens,
         ignore_eos=bool(request.ignore_eos),
+        min_tokens=request.min_tokens or 0,
     )
     plan = GenerationPlan(
         identity.request_id,
-        [PromptPlan(prompt.token_ids, output_cap(ctx, len(prompt.token_ids), max_tokens)) for prompt in prompts],
+        [PromptPlan(prompt.token_ids, cap) for prompt, cap in zip(prompts, caps, strict=True)],
         turns,
         n,
     )
     created = int(ctx.wall_clock())
     echo_prompts = [prompt.text for prompt in prompts] if request.echo else None
-    logprobs = _logprobs(ctx, request, prompts, identity.request_id, len(turns))
+    logprobs, refusal = _logprobs(ctx, request, prompts, identity.request_id, len(turns))
     if request.streaming:
         renderer = CompletionStreamRenderer(
             response_id=identity.response_id,
@@ -52,11 +61,15 @@ async def completions(call: Call) -> None:
             choices_per_prompt=n,
             include_usage=request.include_usage,
             echo_prompts=echo_prompts,
+            prompt_only=prompt_only,
             logprobs=logprobs,
+            chunk_usages=[ChunkUsage(len(prompt.token_ids), with_details=False) for prompt in prompts]
+            if request.continuous_usage
+            else None,
         )
-        await stream(call, plan, renderer, identity.headers)
+        await stream(call, plan, renderer, identity.headers, refusal=refusal)
         return
-    jobs = await collect(call, plan)
+    jobs = await collect(call, plan, refusal=refusal)
     body = completion_body(
         response_id=identity.response_id,
         created=created,
@@ -64,6 +77,7 @@ async def completions(call: Call) -> None:
         jobs=jobs,
         choices_per_prompt=n,
         echo_prompts=echo_prompts,
+        prompt_only=prompt_only,
         logprobs=logprobs,
     )
     call.respond(200, body, (*JSON_HEADERS, *identity.headers))
@@ -71,11 +85,13 @@ async def completions(call: Call) -> None:
 
 def _logprobs(
     ctx: ApiContext, request: CompletionRequest, prompts: list[CompletionPrompt], request_id: str, choices: int
-) -> CompletionLogprobs | None:
-    """The request's logprobs, if it asked; with ``echo`` the prompts' tokens are
-    listed too, each decoded on its own as vLLM does."""
+) -> tuple[CompletionLogprobs | None, ApiError | None]:
+    """The request's logprobs, if it asked, and the error refusing them if it asked
+    for too many; with ``echo`` the prompts' tokens are listed too, each decoded on
+    its own as vLLM does."""
     if request.logprobs is None:
-        return None
+        return None, None
+    count, refusal = checked_logprobs(ctx, request.logprobs)
     seed = ctx.model.seed
     echoed = None
     if request.echo:
@@ -85,7 +101,10 @@ def _logprobs(
             for i, prompt in enumerate(prompts)
         ]
     seeds = [choice_seed(seed, request_id, index) for index in range(choices)]
-    return CompletionLogprobs(request.logprobs, seeds, choices_per_prompt=request.choices_per_prompt, prompts=echoed)
+    logprobs = CompletionLogprobs(
+        count, seeds, choices_per_prompt=request.choices_per_prompt, prompts=echoed, eos=ctx.text.eos
+    )
+    return logprobs, refusal
 
 
 def register(router: Router) -> None:

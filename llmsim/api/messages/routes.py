@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from llmsim.api.context import Call
 from llmsim.api.errors import JSON_HEADERS
-from llmsim.api.generation import RequestIdentity, collect, stream
+from llmsim.api.generation import RequestIdentity, check_job_count, collect, stream
 from llmsim.api.messages.render import (
     MessageShell,
     MessagesStreamRenderer,
@@ -37,10 +37,15 @@ async def create_message(call: Call) -> None:
     ctx = call.ctx
     request = parse_messages_request(call.json())
     model = ctx.resolve_model(request.model)
+    check_job_count(ctx, 1)
     tools = function_tools(request.tools)
     choice = tool_choice_of(request.tool_choice, tools)
     prompt = prompt_ids(ctx.tokenizer, conversation_turns(request, tools))
-    check_context_length(ctx.model.max_model_len, len(prompt), request.max_tokens)
+    # vLLM serves /v1/messages as a chat request whose max_completion_tokens is max_tokens
+    # (vllm/entrypoints/anthropic/serving.py:643-644), so its errors name that field.
+    check_context_length(
+        ctx.model.max_model_len, len(prompt), request.max_tokens, max_tokens_param="max_completion_tokens"
+    )
 
     identity = RequestIdentity.of(call, "msg_")
     request_id = identity.request_id

@@ -8,14 +8,18 @@ openai types (as vLLM's pydantic dumps write them).  A text turn::
     response.output_item.added (message), response.content_part.added, delta 1   (first token, after TTFT)
     response.output_text.delta                        (one per token)
     response.output_text.done, response.content_part.done, response.output_item.done,
-    response.completed                                (with the last token)
+    response.completed or response.incomplete         (with the last token)
 
 A tool turn: ``output_item.added`` (function_call), one
 ``response.function_call_arguments.delta`` per token,
 ``response.function_call_arguments.done``, ``output_item.done``, ``completed``.
 ``output_index`` and ``content_index`` are 0: a turn has one item with one part.  A
-turn cut by the output cap completes with status ``incomplete`` (vLLM still sends
-``response.completed``, which is what AIPerf and the SDK helper read).
+turn cut by the output cap (finish ``length``) ends as vLLM 0.33 ends it: its item and
+the response have status ``incomplete``, the response ``incomplete_details: {"reason":
+"max_output_tokens"}``, and the last event is ``response.incomplete``
+(``vllm/entrypoints/openai/responses/serving.py:857-859,1442-1456``;
+``protocol.py:982-984``; ``utils.py:103-107``).  The openai SDK's ``stream()`` helper
+then has no ``response.completed`` to build its final response from, as with OpenAI.
 
 Per token only the escaped piece and the sequence number are inserted into
 pre-rendered bytes; the per-token logprobs (when asked for) are rendered when the turn
@@ -213,7 +217,7 @@ def output_items(plan: TurnPlan, ids: TurnIds, logprobs: TokenLogprobs | None) -
 def final_response(
     shell: ResponseShell, plan: TurnPlan, ids: TurnIds, job: Job, logprobs: TokenLogprobs | None, completed_at: int
 ) -> dict[str, object]:
-    """The response object of a finished turn (non-streaming body, ``response.completed``, the store)."""
+    """The response object of a finished turn (non-streaming body, the last event, the store)."""
     return shell.response(
         status=_status(plan),
         output=output_items(plan, ids, logprobs),
@@ -231,8 +235,8 @@ def _event(event_type: str, fields: bytes, sequence: int) -> bytes:
 class ResponsesStreamRenderer:
     """Renders the one job of a streaming /v1/responses request.
 
-    ``final`` holds the response object of ``response.completed`` once the stream
-    ended (the handler stores it).
+    ``final`` holds the response object of the last event (``response.completed`` or
+    ``response.incomplete``) once the stream ended (the handler stores it).
     """
 
     def __init__(
@@ -300,7 +304,8 @@ class ResponsesStreamRenderer:
     def tail(self, jobs: Sequence[Job]) -> bytes:
         now = int(self._clock())
         self.final = final_response(self._shell, self._plan, self._ids, jobs[0], self._logprobs, now)
-        return _event("response.completed", b'"response":' + json_bytes(self.final), self._next)
+        terminal = "response.incomplete" if self._plan.truncated else "response.completed"
+        return _event(terminal, b'"response":' + json_bytes(self.final), self._next)
 
     def error(self, error: ApiError) -> bytes:
         sequence = self._next

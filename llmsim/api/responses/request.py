@@ -24,7 +24,6 @@ from llmsim.model.tools import CompiledSchema
 
 __all__ = [
     "LOGPROBS_INCLUDE",
-    "MAX_TOP_LOGPROBS",
     "Conversation",
     "InputItem",
     "InputPart",
@@ -41,7 +40,6 @@ __all__ = [
 ]
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
-MAX_TOP_LOGPROBS = 20
 MESSAGE_ROLES = ("user", "system", "developer", "assistant")
 _TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
 _MEDIA_PARTS = {"input_image": "image", "input_audio": "audio", "input_file": "file"}
@@ -188,14 +186,6 @@ def parse_responses_request(body: dict[str, Any]) -> ResponsesRequest:
     request = structure(body, ResponsesRequest)
     if request.input is None and request.previous_response_id is None:
         raise ApiError(400, "input is required", param="input")
-    if request.max_output_tokens is not None and request.max_output_tokens < 1:
-        raise ApiError(400, "Max completion tokens and max tokens should be positive", param="max_output_tokens")
-    if request.top_logprobs is not None and not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
-        raise ApiError(
-            400,
-            f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {request.top_logprobs}",
-            param="top_logprobs",
-        )
     if request.background:
         raise ApiError(400, "Background responses are not supported by this server.", param="background")
     return request

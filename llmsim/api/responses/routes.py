@@ -16,9 +16,10 @@ import json
 from typing import Any
 
 from llmsim.api.context import ApiContext, Call
-from llmsim.api.errors import JSON_HEADERS, ApiError
-from llmsim.api.generation import RequestIdentity, collect, stream
+from llmsim.api.errors import JSON_HEADERS, ApiError, validation_error
+from llmsim.api.generation import RequestIdentity, check_job_count, collect, stream
 from llmsim.api.logprobs_format import choice_seed
+from llmsim.api.logprobs_limit import checked_logprobs
 from llmsim.api.plan import (
     TEXT,
     GenerationPlan,
@@ -29,7 +30,7 @@ from llmsim.api.plan import (
     plan_text,
     plan_tool_calls,
 )
-from llmsim.api.prompts import check_context_length, prompt_ids, tool_call_text, tools_turn
+from llmsim.api.prompts import check_output_tokens, check_prompt_length, prompt_ids, tool_call_text, tools_turn
 from llmsim.api.responses.render import (
     ResponseShell,
     ResponsesStreamRenderer,
@@ -67,6 +68,7 @@ async def create_response(call: Call) -> None:
     body = call.json()
     request = parse_responses_request(body)
     model = ctx.resolve_model(request.model)
+    check_job_count(ctx, 1)
     store = ctx.response_store
     previous = None
     if request.previous_response_id is not None:
@@ -89,10 +91,8 @@ async def create_response(call: Call) -> None:
         turns.append(tools_turn([tool.definition for tool in tools]))
     turns.extend(history)
     turns.extend(conversation.turns)
-    prompt = prompt_ids(ctx.tokenizer, turns)
-    check_context_length(
-        ctx.model.max_model_len, len(prompt), request.max_output_tokens, max_tokens_param="max_output_tokens"
-    )
+    prompt = _checked_prompt(ctx, request, turns)
+    top_logprobs = _checked_top_logprobs(ctx, request)
 
     identity = RequestIdentity.of(call, "resp_")
     request_id = identity.request_id
@@ -115,7 +115,7 @@ async def create_response(call: Call) -> None:
         )
     logprobs = None
     if request.wants_logprobs and plan.blocks[0].kind == TEXT:
-        logprobs = TokenLogprobs(request.top_logprobs or 0, choice_seed(ctx.model.seed, request_id, 0))
+        logprobs = TokenLogprobs(top_logprobs, choice_seed(ctx.model.seed, request_id, 0))
 
     shell = ResponseShell(
         response_id=identity.response_id,
@@ -160,6 +160,57 @@ async def create_response(call: Call) -> None:
                 has_tool_output=has_tool_output,
             )
         )
+
+
+def _checked_prompt(ctx: ApiContext, request: ResponsesRequest, turns: list[ChatTurn]) -> list[int]:
+    """The prompt's token ids, within vLLM 0.33's context rules for /v1/responses.
+
+    400 when ``max_output_tokens`` alone exceeds the window or the prompt alone does
+    (the renderer's checks, :func:`check_output_tokens` and :func:`check_prompt_length`),
+    and when the prompt fills it (``_validate_generator_input``,
+    ``vllm/entrypoints/openai/responses/serving.py:232-252``, its own text and type);
+    otherwise the output cap is clamped to the room left.  ``truncation: "auto"`` keeps
+    the first ``max_model_len - 1`` tokens instead (``truncate_prompt_tokens=-1``,
+    ``protocol.py:525-532``; ``renderers/params.py:238-256``), leaving room for one.  A
+    cap below 1 is ``SamplingParams``' 400 (``vllm/sampling_params.py:691-696``).
+    """
+    max_model_len = ctx.model.max_model_len
+    max_output_tokens = request.max_output_tokens
+    check_output_tokens(max_model_len, max_output_tokens, "max_output_tokens")
+    prompt = prompt_ids(ctx.tokenizer, turns)
+    if request.truncation == "auto":
+        prompt = prompt[: max_model_len - 1]
+    check_prompt_length(max_model_len, len(prompt))
+    if len(prompt) >= max_model_len:
+        message = (
+            f"The engine prompt length {len(prompt)} exceeds the max_model_len {max_model_len}. Please reduce prompt."
+        )
+        raise ApiError(400, message, param="input", error_type="invalid_request_error")
+    if max_output_tokens is not None and max_output_tokens < 1:
+        message = f"max_tokens must be at least 1, got {max_output_tokens}."
+        raise validation_error(message, parameter="max_tokens", value=max_output_tokens)
+    return prompt
+
+
+def _checked_top_logprobs(ctx: ApiContext, request: ResponsesRequest) -> int:
+    """How many logprobs per token the turn lists (``top_logprobs`` counts only with
+    ``include: ["message.output_text.logprobs"]``, ``protocol.py:635``), or vLLM's 400s:
+    ``SamplingParams``' range (``vllm/sampling_params.py:706-711``) and
+    ``--max-logprobs`` (:func:`checked_logprobs`).  vLLM checks the cap as the engine
+    takes the request, which for a stream is after ``response.created`` and
+    ``response.in_progress`` went out, and then drops the connection; llmsim answers a
+    streaming request with the 400 instead.
+    """
+    if not request.wants_logprobs:
+        return 0
+    requested = request.top_logprobs or 0
+    if requested < -1:
+        message = f"logprobs must be non-negative or -1, got {requested}."
+        raise validation_error(message, parameter="logprobs", value=requested)
+    count, refusal = checked_logprobs(ctx, requested)
+    if refusal is not None:
+        raise refusal
+    return count
 
 
 def _plan_message(

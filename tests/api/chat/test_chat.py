@@ -33,7 +33,9 @@ async def test_stream_sends_the_role_chunk_with_the_first_token_after_ttft(autoj
     assert payloads[-1] == "[DONE]"
     chunks = payloads[:-1]
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * 5 + ["length"]
+    # N tokens, N content chunks: the last token's own chunk carries the finish_reason
+    # (vllm/entrypoints/openai/chat_completion/serving.py:796-809)
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * 4 + ["length"]
     assert all(set(c["choices"][0]["delta"]) == {"content"} for c in chunks[1:])
     assert re.fullmatch(r"chatcmpl-[0-9a-f]{16}", chunks[0]["id"])
     assert {(c["id"], c["object"], c["created"], c["model"]) for c in chunks} == {
@@ -173,8 +175,14 @@ async def test_media_blocks_cost_a_few_placeholder_tokens(autojump_clock: MockCl
         (chat(n="2"), 400, "n", "expected an integer, got a string"),
         (chat(n=0), 400, "n", "n must be at least 1"),
         (chat(stream="yes"), 400, "stream", "expected a boolean"),
-        (chat(max_tokens=0), 400, "max_tokens", "Max completion tokens and max tokens should be positive"),
-        (chat(max_completion_tokens=-1), 400, "max_completion_tokens", "should be positive"),
+        # vllm/sampling_params.py:691-696: the param is max_tokens whatever field was sent
+        (
+            chat(max_tokens=0),
+            400,
+            "max_tokens",
+            "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
+        ),
+        (chat(max_completion_tokens=-1), 400, "max_tokens", "max_tokens must be at least 1, got -1."),
         (chat(max_tokens=1.5), 400, "max_tokens", "expected an integer"),
         (
             chat(stream_options={"include_usage": True}),
@@ -208,26 +216,67 @@ async def test_malformed_json_is_400(autojump_clock: MockClock) -> None:
     assert response.json()["error"]["type"] == "BadRequestError"
 
 
-async def test_context_length(autojump_clock: MockClock) -> None:
+def context_error(message: str, param: str) -> dict[str, Any]:
+    return {"message": message, "type": "BadRequestError", "param": param, "code": 400}
+
+
+async def test_context_length_as_vllm_0_33(autojump_clock: MockClock) -> None:
+    # 400 only when max_tokens alone (vllm/renderers/params.py:270-283) or the prompt alone
+    # (params.py:531-551; text is tokenized with truncation at max_model_len + 1, hence
+    # "at least") exceeds max_model_len; the field's own name in both message and param
     long = [{"role": "user", "content": "word " * 200}]
     async with running(max_model_len=100) as sim:
         too_long = await post(sim, PATH, {"messages": long})
-        too_many = await post(sim, PATH, chat(max_tokens=95))
-        fits = await post(sim, PATH, chat(max_tokens=50))
-        unset = await post(sim, PATH, chat(ignore_eos=True))
-    error = too_long.json()["error"]
-    assert too_long.status == 400 and error["param"] == "input_tokens"
-    assert re.fullmatch(
-        r"This model's maximum context length is 100 tokens\. However, you requested 1 output tokens and your prompt "
-        r"contains \d+ input tokens, for a total of \d+ tokens\. Please reduce the length of the input prompt or the "
-        r"number of requested output tokens\.",
-        error["message"],
+        too_many = await post(sim, PATH, chat(max_tokens=101))
+        too_many_completion = await post(sim, PATH, chat(max_tokens=5, max_completion_tokens=101))
+    assert too_long.status == 400
+    assert too_long.json()["error"] == context_error(
+        "This model's maximum context length is 100 tokens. However, your prompt contains at least 101 input "
+        "tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input "
+        "prompt. (parameter=input_tokens, value=101)",
+        "input_tokens",
     )
-    assert too_many.status == 400 and too_many.json()["error"]["param"] == "max_tokens"
-    assert "you requested 95 output tokens" in too_many.json()["error"]["message"]
-    assert fits.status == 200
+    assert too_many.json()["error"] == context_error(
+        "max_tokens=101 cannot be greater than max_model_len=100. Please request fewer output tokens. "
+        "(parameter=max_tokens, value=101)",
+        "max_tokens",
+    )
+    assert too_many_completion.json()["error"] == context_error(
+        "max_completion_tokens=101 cannot be greater than max_model_len=100. Please request fewer output tokens. "
+        "(parameter=max_completion_tokens, value=101)",
+        "max_completion_tokens",
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_prompt_plus_max_tokens_over_the_window_is_clamped(stream: bool, autojump_clock: MockClock) -> None:
+    # get_max_tokens clamps max_tokens to max_model_len - prompt
+    # (vllm/entrypoints/serve/utils/api_utils.py:234-270, chat_completion/serving.py:349-358)
+    options = {"stream": True, "stream_options": {"include_usage": True}} if stream else {}
+    async with running(max_model_len=100) as sim:
+        response = await post(sim, PATH, chat(max_tokens=100, ignore_eos=True, **options))
+        unset = await post(sim, PATH, chat(ignore_eos=True))
+    assert response.status == 200
+    if stream:
+        *chunks, usage_chunk, _ = sse_payloads(response.body)
+        usage, finish = usage_chunk["usage"], chunks[-1]["choices"][0]["finish_reason"]
+    else:
+        usage, finish = response.json()["usage"], response.json()["choices"][0]["finish_reason"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == 100 and finish == "length"
     usage = unset.json()["usage"]
     assert usage["prompt_tokens"] + usage["completion_tokens"] == 100  # no cap: the rest of the context
+
+
+async def test_a_prompt_that_fills_the_window_leaves_max_tokens_0(autojump_clock: MockClock) -> None:
+    # the clamped cap is 0, which SamplingParams refuses as max_tokens (vllm/sampling_params.py:691-696)
+    async with running() as sim:
+        prompt_tokens = (await post(sim, PATH, chat(max_tokens=1))).json()["usage"]["prompt_tokens"]
+    async with running(max_model_len=prompt_tokens) as sim:
+        full = await post(sim, PATH, chat(max_completion_tokens=5, stream=True))
+    assert full.status == 400
+    assert full.json()["error"] == context_error(
+        "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)", "max_tokens"
+    )
 
 
 async def test_a_full_queue_is_429_and_leaves_no_job_behind(autojump_clock: MockClock) -> None:
@@ -262,3 +311,158 @@ async def test_client_gone_cancels_the_jobs_in_the_engine(stream: bool, autojump
     assert not response.ended
     if stream:
         assert sse_payloads(response.body)[0]["choices"][0]["delta"]["role"] == "assistant"
+
+
+# --- how a turn ends (vLLM 0.33) -----------------------------------------------------------------
+
+
+async def test_a_natural_stop_is_the_eos_token_one_itl_later_and_counted(autojump_clock: MockClock) -> None:
+    """EOS is a sampled token: its chunk (empty content, ``stop``) comes one decode step
+    after the last text, and usage counts it, streamed or not; the text leaves it out
+    (vllm/v1/engine/detokenizer.py:107-128; chat_completion/serving.py:796-809, 1099-1101)."""
+    echo = [{"role": "user", "content": "one two three"}]
+    async with running(mode="echo", **LATENCY) as sim:
+        started = trio.current_time()
+        streamed = await post(
+            sim, PATH, chat(messages=echo, stream=True, stream_options={"include_usage": True}, max_tokens=50)
+        )
+        whole = await post(sim, PATH, chat(messages=echo, max_tokens=50))
+    assert [when - started for when, _ in streamed.writes] == pytest.approx([0.1, 0.11, 0.12, 0.13])
+    *chunks, usage, _ = sse_payloads(streamed.body)
+    assert [c["choices"][0]["delta"] for c in chunks] == [
+        {"role": "assistant", "content": ""},
+        {"content": "one "},
+        {"content": "two "},
+        {"content": "three"},
+        {"content": ""},
+    ]
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, None, None, None, "stop"]
+    assert streamed.writes[-1][1].startswith(b'data: {"id"') and b'"content":""' in streamed.writes[-1][1]
+    assert usage["usage"]["completion_tokens"] == 4 == whole.json()["usage"]["completion_tokens"]
+    choice = whole.json()["choices"][0]
+    assert (choice["message"]["content"], choice["finish_reason"]) == ("one two three", "stop")
+
+
+async def test_no_eos_when_the_cap_is_reached_or_ignore_eos(autojump_clock: MockClock) -> None:
+    """``length`` (max_tokens reached, or ``ignore_eos``) ends on a text token: no EOS."""
+    echo = [{"role": "user", "content": "one two three"}]
+    async with running(mode="echo") as sim:
+        exact = await post(sim, PATH, chat(messages=echo, max_tokens=3, stream=True))
+    chunks = sse_payloads(exact.body)[:-1]
+    assert [c["choices"][0]["delta"].get("content") for c in chunks] == ["", "one ", "two ", "three"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+async def test_the_eos_chunk_carries_the_eos_tokens_logprobs(autojump_clock: MockClock) -> None:
+    """vLLM's EOS chunk has logprobs like any token, named by the EOS string
+    (serving.py:724-735; vllm/tokenizers/detokenizer_utils.py:143-168)."""
+    echo = [{"role": "user", "content": "one two"}]
+    async with running(mode="echo") as sim:
+        same_id = ((b"x-request-id", b"eos-1"),)  # the same logprob seed
+        streamed = await post(sim, PATH, chat(messages=echo, logprobs=True, top_logprobs=1, stream=True), same_id)
+        whole = await post(sim, PATH, chat(messages=echo, logprobs=True, top_logprobs=1), same_id)
+    last = sse_payloads(streamed.body)[-2]["choices"][0]
+    assert last["delta"] == {"content": ""} and last["finish_reason"] == "stop"
+    (entry,) = last["logprobs"]["content"]
+    assert entry["token"] == "<|im_end|>" and entry["bytes"] == list(b"<|im_end|>")
+    content = whole.json()["choices"][0]["logprobs"]["content"]
+    assert [e["token"] for e in content] == ["one ", "two", "<|im_end|>"]
+    assert content[-1] == entry
+
+
+async def test_n_choices_send_every_role_chunk_before_any_token(autojump_clock: MockClock) -> None:
+    """``for i in range(num_choices)`` on the first engine output (serving.py:597-634)."""
+    async with running(**LATENCY) as sim:
+        response = await post(sim, PATH, chat(n=3, max_tokens=2, ignore_eos=True, stream=True))
+    deltas = [(c["choices"][0]["index"], c["choices"][0]["delta"]) for c in sse_payloads(response.body)[:-1]]
+    assert [delta for _, delta in deltas[:3]] == [{"role": "assistant", "content": ""}] * 3
+    assert [index for index, _ in deltas[:3]] == [0, 1, 2]
+    assert all("role" not in delta for _, delta in deltas[3:])
+
+
+# --- min_tokens ----------------------------------------------------------------------------------
+
+
+async def test_min_tokens_equal_to_max_tokens_gives_exactly_that_many(autojump_clock: MockClock) -> None:
+    """The sampler masks EOS until ``min_tokens`` (vllm/sampling_params.py:339, the
+    min-tokens logits processor), so every choice runs to the cap."""
+    async with running() as sim:
+        response = await post(sim, PATH, chat(n=16, max_tokens=40, min_tokens=40))
+        streamed = await post(
+            sim,
+            PATH,
+            chat(n=4, max_tokens=40, min_tokens=40, stream=True, stream_options={"include_usage": True}),
+        )
+    assert {c["finish_reason"] for c in response.json()["choices"]} == {"length"}
+    assert response.json()["usage"]["completion_tokens"] == 16 * 40
+    assert sse_payloads(streamed.body)[-2]["usage"]["completion_tokens"] == 4 * 40
+
+
+async def test_min_tokens_is_a_floor_for_every_draw(autojump_clock: MockClock) -> None:
+    async with running() as sim:
+        response = await post(sim, PATH, chat(n=32, max_tokens=60, min_tokens=30, logprobs=True))
+    for choice in response.json()["choices"]:
+        tokens = len(choice["logprobs"]["content"])
+        assert 30 <= tokens <= 60
+        assert choice["finish_reason"] == ("length" if tokens == 60 else "stop")
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"max_tokens": 5, "min_tokens": 6}, "min_tokens must be less than or equal to max_tokens=5, got 6."),
+        (
+            {"max_completion_tokens": 5, "min_tokens": 6},
+            "min_tokens must be less than or equal to max_tokens=5, got 6.",
+        ),
+        ({"min_tokens": -1}, "min_tokens must be greater than or equal to 0, got -1."),
+    ],
+)
+async def test_invalid_min_tokens_are_400_with_vllms_text(
+    fields: dict[str, Any], message: str, autojump_clock: MockClock
+) -> None:
+    """``SamplingParams._verify_args`` (vllm/sampling_params.py:697-705): no parameter
+    suffix, param null."""
+    async with running() as sim:
+        response = await post(sim, PATH, chat(**fields))
+    assert response.status == 400
+    assert response.json()["error"] == {"message": message, "type": "BadRequestError", "param": None, "code": 400}
+
+
+async def test_min_tokens_is_checked_against_the_clamped_cap(autojump_clock: MockClock) -> None:
+    """Without ``max_tokens`` vLLM's max_tokens is the room the prompt leaves
+    (``get_max_tokens``, vllm/entrypoints/serve/utils/api_utils.py:234-270), and the
+    message names it."""
+    async with running(max_model_len=100) as sim:
+        prompt = (await post(sim, PATH, chat(max_tokens=1))).json()["usage"]["prompt_tokens"]
+        response = await post(sim, PATH, chat(min_tokens=100))
+    room = 100 - prompt
+    message = f"min_tokens must be less than or equal to max_tokens={room}, got 100."
+    assert response.json()["error"]["message"] == message
+
+
+# --- stream_options.continuous_usage_stats ------------------------------------------------------
+
+
+async def test_continuous_usage_stats_put_usage_on_every_chunk(autojump_clock: MockClock) -> None:
+    """Cumulative usage on every chunk, the role chunk at 0 (serving.py:624-634, 838-851)."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    async with running() as sim:
+        response = await post(sim, PATH, chat(max_tokens=3, ignore_eos=True, stream=True, stream_options=options))
+    *chunks, final, _ = sse_payloads(response.body)
+    prompt = final["usage"]["prompt_tokens"]
+    assert [c["usage"] for c in chunks] == [
+        {"prompt_tokens": prompt, "total_tokens": prompt + k, "completion_tokens": k, "completion_tokens_details": None}
+        for k in range(4)
+    ]
+    assert final["choices"] == [] and final["usage"]["completion_tokens"] == 3
+
+
+async def test_continuous_usage_stats_need_include_usage(autojump_clock: MockClock) -> None:
+    """``should_include_usage``: continuous only with include_usage
+    (vllm/entrypoints/serve/utils/api_utils.py:273-285)."""
+    async with running() as sim:
+        response = await post(
+            sim, PATH, chat(max_tokens=2, stream=True, stream_options={"continuous_usage_stats": True})
+        )
+    assert all("usage" not in c for c in sse_payloads(response.body)[:-1])

@@ -11,6 +11,7 @@ import pytest
 from llmsim.api.chat.render import ChatStreamRenderer, chat_completion_body
 from llmsim.api.errors import ApiError
 from llmsim.api.generation import CollectingSink
+from llmsim.api.usage import ChunkUsage
 from llmsim.engine.job import Job
 from tests.api.fakes import EngineRun, make_job
 
@@ -19,34 +20,54 @@ HEAD = b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"
 DONE = b"data: [DONE]\n\n"
 
 
-def role(index: int = 0) -> bytes:
+def role(index: int = 0, usage: bytes = b"") -> bytes:
     return (
-        HEAD + b'[{"index":%d,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],'
-        b'"prompt_token_ids":null,"prompt_text":null}\n\n' % index
+        HEAD + b'[{"index":%d,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]%s,'
+        b'"prompt_token_ids":null,"prompt_text":null}\n\n' % (index, usage)
     )
 
 
-def token(text: bytes, index: int = 0) -> bytes:
-    return (
-        HEAD
-        + b'[{"index":%d,"delta":{"content":"%s"},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
-        % (index, text)
+def token(text: bytes, index: int = 0, *, finish: bytes | None = None, usage: bytes = b"") -> bytes:
+    """A token's chunk; the last one of its choice (``finish``) carries vLLM's finish keys
+    (vllm/entrypoints/openai/chat_completion/serving.py:796-809)."""
+    reason = b'null,"token_ids":null' if finish is None else b'"%s","stop_reason":null,"token_ids":null' % finish
+    return HEAD + b'[{"index":%d,"delta":{"content":"%s"},"logprobs":null,"finish_reason":%s}]%s}\n\n' % (
+        index,
+        text,
+        reason,
+        usage,
     )
 
 
-def finish(reason: bytes, index: int = 0) -> bytes:
+def eos(reason: bytes = b"stop", index: int = 0, usage: bytes = b"") -> bytes:
+    """The EOS token's chunk: empty content, the finish reason."""
+    return token(b"", index, finish=reason, usage=usage)
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> bytes:
+    """The cumulative usage of one chunk (serving.py:624-634, 838-851)."""
     return (
-        HEAD + b'[{"index":%d,"delta":{"content":""},"logprobs":null,"finish_reason":"%s","stop_reason":null,'
-        b'"token_ids":null}]}\n\n' % (index, reason)
+        b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d,"completion_tokens_details":null}'
+        % (prompt_tokens, prompt_tokens + completion_tokens, completion_tokens)
     )
 
 
 def stream(
-    outputs: Sequence[tuple[tuple[str, ...], str]], *, include_usage: bool = False, echo: str | None = None
+    outputs: Sequence[tuple[tuple[str, ...], str]],
+    *,
+    include_usage: bool = False,
+    echo: str | None = None,
+    chunk_usage: ChunkUsage | None = None,
 ) -> tuple[EngineRun, list[Job]]:
     run = EngineRun(**LATENCY)
     renderer = ChatStreamRenderer(
-        response_id="chatcmpl-1", created=1, model="m", choices=len(outputs), include_usage=include_usage, echo=echo
+        response_id="chatcmpl-1",
+        created=1,
+        model="m",
+        choices=len(outputs),
+        include_usage=include_usage,
+        echo=echo,
+        chunk_usage=chunk_usage,
     )
     sink = run.streaming_sink(renderer, len(outputs))
     jobs = [make_job(sink, pieces, reason, index=i) for i, (pieces, reason) in enumerate(outputs)]
@@ -56,7 +77,9 @@ def stream(
     return run, jobs
 
 
-def test_one_choice_with_usage_exact_bytes() -> None:
+def test_length_finish_rides_on_the_last_token_exact_bytes() -> None:
+    """N tokens, N content chunks: no extra empty chunk in the last token's write
+    (serving.py:796-809 puts the final output's delta and finish_reason in one chunk)."""
     run, _ = stream([(("Hello", " world"), "length")], include_usage=True)
     assert run.writes_at() == {
         0.1: (
@@ -68,9 +91,7 @@ def test_one_choice_with_usage_exact_bytes() -> None:
         ),
         0.11: (
             b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
-            b'"delta":{"content":" world"},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
-            b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
-            b'"delta":{"content":""},"logprobs":null,"finish_reason":"length","stop_reason":null,'
+            b'"delta":{"content":" world"},"logprobs":null,"finish_reason":"length","stop_reason":null,'
             b'"token_ids":null}]}\n\n'
             b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":'
             b'{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":0}}}\n\n'
@@ -80,55 +101,127 @@ def test_one_choice_with_usage_exact_bytes() -> None:
     assert run.response.ended
 
 
-def test_without_usage_ends_with_finish_and_done() -> None:
-    run, _ = stream([(("a", "b", "c"), "stop")])
-    assert run.response.body == role() + token(b"a") + token(b"b") + token(b"c") + finish(b"stop") + DONE
+def test_the_eos_token_sends_its_empty_stop_chunk_one_itl_later_and_counts() -> None:
+    """A natural stop is the EOS token: its own chunk, empty content, ``stop``, one decode
+    step after the last text (vllm/v1/engine/detokenizer.py:107-128 drops its text, keeps
+    its id; serving.py:1099-1101 counts it)."""
+    run, _ = stream([(("a", "b", ""), "stop")], include_usage=True)
+    assert run.writes_at() == {
+        0.1: role() + token(b"a"),
+        0.11: token(b"b"),
+        0.12: eos() + HEAD + b'[],"usage":{"prompt_tokens":3,"total_tokens":6,"completion_tokens":3,'
+        b'"prompt_tokens_details":{"cached_tokens":0}}}\n\n' + DONE,
+    }
 
 
 def test_nothing_is_written_before_the_first_token() -> None:
     run = EngineRun(**LATENCY)
     renderer = ChatStreamRenderer(response_id="chatcmpl-1", created=1, model="m", choices=1, include_usage=False)
     sink = run.streaming_sink(renderer, 1)
-    run.submit([make_job(sink, ("x",))])
+    run.submit([make_job(sink, ("x", ""))])
     run.step_to(0.0999)
     assert run.response.writes == []
     run.step_to(0.1)
-    assert run.response.body == role() + token(b"x") + finish(b"stop") + DONE
+    assert run.response.body == role() + token(b"x")
+    run.step_to(0.11)
+    assert run.response.body == role() + token(b"x") + eos() + DONE
 
 
-def test_two_choices_one_choice_per_chunk_role_once_per_index() -> None:
-    run, _ = stream([(("a", "b"), "length"), (("c",), "stop")], include_usage=True)
-    usage = (
-        HEAD + b'[],"usage":{"prompt_tokens":3,"total_tokens":6,"completion_tokens":3,'
+def test_two_choices_role_chunks_for_every_choice_first() -> None:
+    """The first engine output sends the role chunk of every choice before any token
+    (``for i in range(num_choices)``, serving.py:597-634)."""
+    run, _ = stream([(("a", "b"), "length"), (("c", ""), "stop")], include_usage=True)
+    usage_chunk = (
+        HEAD + b'[],"usage":{"prompt_tokens":3,"total_tokens":7,"completion_tokens":4,'
         b'"prompt_tokens_details":{"cached_tokens":0}}}\n\n'
     )
     assert run.writes_at() == {
-        0.1: role(0) + token(b"a", 0) + role(1) + token(b"c", 1) + finish(b"stop", 1),
-        0.11: token(b"b", 0) + finish(b"length", 0) + usage + DONE,
+        0.1: role(0) + role(1) + token(b"a", 0) + token(b"c", 1),
+        0.11: token(b"b", 0, finish=b"length") + eos(index=1) + usage_chunk + DONE,
     }
 
 
-def test_echo_of_the_assistant_prefix_follows_the_role_chunk() -> None:
-    run, _ = stream([(("there",), "stop")], echo="Hi ")
-    echo = HEAD + b'[{"index":0,"delta":{"content":"Hi "},"logprobs":null,"finish_reason":null}]}\n\n'
-    assert run.response.body == role() + echo + token(b"there") + finish(b"stop") + DONE
-
-
-def test_pieces_are_json_escaped() -> None:
-    run, _ = stream([(('say "hi"\n', "caf\u00e9\\", "\x01"), "stop")])
+def test_a_choice_admitted_later_gets_no_second_role_chunk() -> None:
+    run = EngineRun(**LATENCY, max_num_seqs=1)
+    renderer = ChatStreamRenderer(response_id="chatcmpl-1", created=1, model="m", choices=2, include_usage=False)
+    sink = run.streaming_sink(renderer, 2)
+    run.submit([make_job(sink, ("a",), "length", index=0), make_job(sink, ("b",), "length", index=1)])
+    run.run()
     assert run.response.body == (
-        role()
-        + token(b'say \\"hi\\"\\n')
-        + token("caf\u00e9\\\\".encode())
-        + token(b"\\u0001")
-        + finish(b"stop")
+        role(0) + role(1) + token(b"a", 0, finish=b"length") + token(b"b", 1, finish=b"length") + DONE
+    )
+
+
+def test_echo_of_the_assistant_prefix_follows_the_role_chunks_of_every_choice() -> None:
+    """serving.py:636-672: roles for every choice, then the echo for every choice."""
+    run, _ = stream([(("there", ""), "stop"), (("you",), "length")], echo="Hi ")
+
+    def echo(index: int) -> bytes:
+        return HEAD + b'[{"index":%d,"delta":{"content":"Hi "},"logprobs":null,"finish_reason":null}]}\n\n' % index
+
+    assert run.response.body == (
+        role(0)
+        + role(1)
+        + echo(0)
+        + echo(1)
+        + token(b"there", 0)
+        + token(b"you", 1, finish=b"length")
+        + eos(index=0)
         + DONE
     )
 
 
+def test_continuous_usage_stats_put_cumulative_usage_on_every_chunk_exact_bytes() -> None:
+    """``continuous_usage_stats``: the role chunk counts 0 tokens, each token chunk its
+    choice's tokens so far, the EOS one included; the final usage chunk stays
+    (serving.py:624-634, 838-851; ``exclude_unset`` keeps the explicit
+    ``completion_tokens_details``)."""
+    run, _ = stream([(("a", ""), "stop")], include_usage=True, chunk_usage=ChunkUsage(3, with_details=True))
+    assert run.response.body == (
+        b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
+        b'"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"usage":{"prompt_tokens":3,'
+        b'"total_tokens":3,"completion_tokens":0,"completion_tokens_details":null},"prompt_token_ids":null,'
+        b'"prompt_text":null}\n\n'
+        b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
+        b'"delta":{"content":"a"},"logprobs":null,"finish_reason":null,"token_ids":null}],"usage":{"prompt_tokens":3,'
+        b'"total_tokens":4,"completion_tokens":1,"completion_tokens_details":null}}\n\n'
+        b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
+        b'"delta":{"content":""},"logprobs":null,"finish_reason":"stop","stop_reason":null,"token_ids":null}],'
+        b'"usage":{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2,"completion_tokens_details":null}}\n\n'
+        b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":'
+        b'{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":0}}}\n\n'
+        b"data: [DONE]\n\n"
+    )
+
+
+def test_continuous_usage_counts_each_choice_on_its_own() -> None:
+    """Per choice, not per request: ``processor.num_output_tokens`` (serving.py:838-851)."""
+    run, _ = stream(
+        [(("a", "b"), "length"), (("c",), "length")], echo="Hi ", chunk_usage=ChunkUsage(3, with_details=True)
+    )
+    echo = HEAD + b'[{"index":%d,"delta":{"content":"Hi "},"logprobs":null,"finish_reason":null}]%s}\n\n'
+    assert run.response.body == (
+        role(0, usage(3, 0))
+        + role(1, usage(3, 0))
+        + echo % (0, usage(3, 0))
+        + echo % (1, usage(3, 0))
+        + token(b"a", 0, usage=usage(3, 1))
+        + token(b"c", 1, finish=b"length", usage=usage(3, 1))
+        + token(b"b", 0, finish=b"length", usage=usage(3, 2))
+        + DONE
+    )
+
+
+def test_pieces_are_json_escaped() -> None:
+    run, _ = stream([(('say "hi"\n', "caf\u00e9\\", "\x01", ""), "stop")])
+    assert run.response.body == (
+        role() + token(b'say \\"hi\\"\\n') + token("caf\u00e9\\\\".encode()) + token(b"\\u0001") + eos() + DONE
+    )
+
+
 def test_a_job_without_tokens_sends_role_and_finish() -> None:
-    run, _ = stream([((), "stop")])
-    assert run.response.body == role() + finish(b"stop") + DONE
+    run, _ = stream([((), "length")])
+    assert run.response.body == role() + eos(b"length") + DONE
 
 
 def test_tokens_due_in_one_step_leave_in_one_write() -> None:
@@ -154,7 +247,7 @@ def test_backpressure_pauses_and_resumes_without_losing_tokens() -> None:
     run.response.drain()
     assert not job.paused
     run.run()
-    assert run.response.body == role() + token(b"a") + token(b"b") + token(b"c") + finish(b"stop") + DONE
+    assert run.response.body == role() + token(b"a") + token(b"b") + token(b"c", finish=b"stop") + DONE
 
 
 class _BrokenRenderer(ChatStreamRenderer):
@@ -173,11 +266,13 @@ def test_a_failure_after_the_stream_began_is_reported_in_band() -> None:
     run.run()  # the engine task survives the broken renderer
     assert sink.done.is_set()
     assert run.response.ended
+    # chat yields the ErrorResponse, dumped compact like its chunks
+    # (vllm/entrypoints/openai/chat_completion/serving.py:496-497,951-953)
     assert run.response.body == (
         role()
         + token(b"a")
-        + b'data: {"error": {"message": "Internal server error", "type": "InternalServerError", "param": null, '
-        b'"code": 500}}\n\n' + DONE
+        + b'data: {"error":{"message":"Internal server error","type":"InternalServerError","param":null,'
+        b'"code":500}}\n\n' + DONE
     )
 
 
@@ -187,8 +282,7 @@ def test_fail_sends_the_error_event_and_done() -> None:
     sink = run.streaming_sink(renderer, 1)
     sink.fail(ApiError(503, "engine gone", error_type="ServiceUnavailable"))
     assert run.response.body == (
-        b'data: {"error": {"message": "engine gone", "type": "ServiceUnavailable", "param": null, "code": 503}}\n\n'
-        + DONE
+        b'data: {"error":{"message":"engine gone","type":"ServiceUnavailable","param":null,"code":503}}\n\n' + DONE
     )
 
 

@@ -68,6 +68,7 @@ def finish(reason: bytes) -> bytes:
 
 
 PIECES = ('{"', "city", '":', ' "', "Paris", '"}', "{}")
+PLAN = (*PIECES, "")  # the calls' arguments, then the EOS token (vLLM's engine ends the turn with it)
 TIME_CALL = Block(TOOL_CALL, 0, 1, "get_time", "chatcmpl-tool-b")
 ARGUMENT_PIECES = (b'{\\"', b"city", b'\\":', b' \\"', b"Paris", b'\\"}')  # the first call's, JSON-escaped
 CALLS = (
@@ -82,7 +83,7 @@ def test_two_tool_calls_stream_exact_bytes() -> None:
         response_id="chatcmpl-1", created=1, model="m", choices=1, include_usage=True, tool_calls=[CALLS]
     )
     sink = run.streaming_sink(renderer, 1)
-    run.submit([make_job(sink, PIECES, "tool_calls")])
+    run.submit([make_job(sink, PLAN, "tool_calls")])
     run.run()
     steps = run.writes_at()
     assert steps[0.1] == (
@@ -97,19 +98,20 @@ def test_two_tool_calls_stream_exact_bytes() -> None:
         b'"token_ids":null}]}\n\n'
     )
     assert steps[0.11] == arguments(b"city")
-    assert steps[0.16] == (
-        header(b"chatcmpl-tool-b", b"get_time", 1)
-        + arguments(b"{}", 1)
-        + finish(b"tool_calls")
-        + HEAD
-        + b'[],"usage":{"prompt_tokens":3,"total_tokens":10,"completion_tokens":7,'
-        b'"prompt_tokens_details":{"cached_tokens":0}}}\n\n' + DONE
+    assert steps[0.16] == header(b"chatcmpl-tool-b", b"get_time", 1) + arguments(b"{}", 1)
+    assert (
+        steps[0.17]
+        == (  # the EOS token's chunk, one ITL after the last argument
+            finish(b"tool_calls") + HEAD + b'[],"usage":{"prompt_tokens":3,"total_tokens":11,"completion_tokens":8,'
+            b'"prompt_tokens_details":{"cached_tokens":0}}}\n\n' + DONE
+        )
     )
     assert run.response.body == (
         ROLE
         + header(b"chatcmpl-tool-a", b"get_weather")
         + b"".join(arguments(piece) for piece in ARGUMENT_PIECES)
         + steps[0.16]
+        + steps[0.17]
     )
 
 
@@ -119,7 +121,7 @@ def test_tool_call_tokens_due_together_keep_the_header_before_its_arguments() ->
         response_id="chatcmpl-1", created=1, model="m", choices=1, include_usage=False, tool_calls=[CALLS]
     )
     sink = run.streaming_sink(renderer, 1)
-    run.submit([make_job(sink, PIECES, "tool_calls")])
+    run.submit([make_job(sink, PLAN, "tool_calls")])
     run.step_to(0.2)  # late: every token is due in one step
     assert [data for _, data in run.response.writes] == [
         ROLE
@@ -138,15 +140,14 @@ def test_a_text_choice_beside_a_tool_choice_streams_plain_content() -> None:
         response_id="chatcmpl-1", created=1, model="m", choices=2, include_usage=False, tool_calls=[(), [TIME_CALL]]
     )
     sink = run.streaming_sink(renderer, 2)
-    run.submit([make_job(sink, ("Hi",), "stop", index=0), make_job(sink, ("{}",), "tool_calls", index=1)])
+    run.submit([make_job(sink, ("Hi", ""), "stop", index=0), make_job(sink, ("{}", ""), "tool_calls", index=1)])
     run.run()
     chunks = sse_payloads(run.response.body)[:-1]
     deltas = [(c["choices"][0]["index"], c["choices"][0]["delta"]) for c in chunks]
     assert deltas == [
         (0, {"role": "assistant", "content": ""}),
-        (0, {"content": "Hi"}),
-        (0, {"content": ""}),
         (1, {"role": "assistant", "content": ""}),
+        (0, {"content": "Hi"}),
         (
             1,
             {
@@ -156,14 +157,16 @@ def test_a_text_choice_beside_a_tool_choice_streams_plain_content() -> None:
             },
         ),
         (1, {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}),
+        (0, {"content": ""}),
         (1, {"content": ""}),
     ]
+    assert [c["choices"][0]["finish_reason"] for c in chunks[-2:]] == ["stop", "tool_calls"]
 
 
 def test_non_streaming_body_with_tool_calls_exact_bytes() -> None:
     run = EngineRun(**LATENCY)
     sink = CollectingSink(1)
-    job = make_job(sink, PIECES, "tool_calls")
+    job = make_job(sink, PLAN, "tool_calls")
     run.submit([job])
     run.run()
     body = chat_completion_body(response_id="chatcmpl-1", created=1, model="m", jobs=[job], tool_calls=[CALLS])
@@ -174,7 +177,7 @@ def test_non_streaming_body_with_tool_calls_exact_bytes() -> None:
         b'"arguments":"{\\"city\\": \\"Paris\\"}"}},{"id":"chatcmpl-tool-b","type":"function","function":'
         b'{"name":"get_time","arguments":"{}"}}],"reasoning":null},"logprobs":null,"finish_reason":"tool_calls",'
         b'"stop_reason":null,"token_ids":null,"routed_experts":null}],"service_tier":null,"system_fingerprint":null,'
-        b'"usage":{"prompt_tokens":3,"total_tokens":10,"completion_tokens":7,"prompt_tokens_details":'
+        b'"usage":{"prompt_tokens":3,"total_tokens":11,"completion_tokens":8,"prompt_tokens_details":'
         b'{"cached_tokens":0}},"prompt_logprobs":null,"prompt_token_ids":null,"prompt_text":null,'
         b'"kv_transfer_params":null,"ec_transfer_params":null,"metrics":null}'
     )
@@ -230,19 +233,26 @@ async def test_required_calls_stream_and_complete_alike(autojump_clock: MockCloc
         else:
             assert value == {}
     argument_chunks = [c for c in chunks if "arguments" in str(c["choices"][0]["delta"])]
-    assert whole.json()["usage"]["completion_tokens"] == len(argument_chunks)
+    # the EOS token ends the turn: its own last chunk, counted (serving.py:1099-1101)
+    assert chunks[-1]["choices"][0]["delta"] == {"content": ""}
+    assert whole.json()["usage"]["completion_tokens"] == len(argument_chunks) + 1
 
 
-async def test_named_tool_choice_calls_exactly_that_function(autojump_clock: MockClock) -> None:
+async def test_named_tool_choice_calls_exactly_that_function_and_finishes_stop(autojump_clock: MockClock) -> None:
+    """A forced named tool reports ``stop``, streamed or not: ``resolve_finish_reason``
+    (vllm/entrypoints/serve/utils/tool_calls_utils.py:41-59)."""
     named = {"type": "function", "function": {"name": "get_weather"}}
     async with running() as sim:
         responses = [await post(sim, PATH, chat(tool_choice=named, n=3)) for _ in range(3)]
+        streamed = await post(sim, PATH, chat(tool_choice=named, stream=True))
     for response in responses:
         for choice in response.json()["choices"]:
             (call,) = choice["message"]["tool_calls"]
             assert call["function"]["name"] == "get_weather"
             jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER_SCHEMA)
-            assert choice["finish_reason"] == "tool_calls"
+            assert choice["finish_reason"] == "stop"
+    calls, finish_reason, _ = reassemble(streamed.body)
+    assert finish_reason == "stop" and [call["name"] for call in calls] == ["get_weather"]
 
 
 async def test_auto_sometimes_answers_with_text_and_none_never_calls(autojump_clock: MockClock) -> None:

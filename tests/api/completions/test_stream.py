@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import orjson
+
 from llmsim.api.completions.render import CompletionStreamRenderer, completion_body
 from llmsim.api.generation import CollectingSink
+from llmsim.api.usage import ChunkUsage
 from llmsim.engine.job import Job
 from tests.api.fakes import EngineRun, make_job
 
@@ -15,11 +18,21 @@ HEAD = b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m"
 DONE = b"data: [DONE]\n\n"
 
 
-def chunk(text: bytes, reason: bytes | None = None, index: int = 0) -> bytes:
+def chunk(text: bytes, reason: bytes | None = None, index: int = 0, usage: bytes = b"null") -> bytes:
     finish = b"null" if reason is None else b'"%s"' % reason
     return (
         HEAD + b'[{"index":%d,"text":"%s","logprobs":null,"finish_reason":%s,"stop_reason":null,'
-        b'"prompt_token_ids":null,"token_ids":null}],"usage":null}\n\n' % (index, text, finish)
+        b'"prompt_token_ids":null,"token_ids":null}],"usage":%s}\n\n' % (index, text, finish, usage)
+    )
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> bytes:
+    """One chunk's cumulative usage: no ``completion_tokens_details`` key, which
+    completions never sets (vllm/entrypoints/openai/completion/serving.py:477-484)."""
+    return b'{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}' % (
+        prompt_tokens,
+        prompt_tokens + completion_tokens,
+        completion_tokens,
     )
 
 
@@ -29,7 +42,9 @@ def stream(
     choices_per_prompt: int = 1,
     include_usage: bool = False,
     echo_prompts: Sequence[str] | None = None,
+    prompt_only: bool = False,
     prompt_tokens: int = 3,
+    chunk_usages: Sequence[ChunkUsage] | None = None,
 ) -> tuple[EngineRun, list[Job]]:
     run = EngineRun(**LATENCY)
     renderer = CompletionStreamRenderer(
@@ -40,6 +55,8 @@ def stream(
         choices_per_prompt=choices_per_prompt,
         include_usage=include_usage,
         echo_prompts=echo_prompts,
+        prompt_only=prompt_only,
+        chunk_usages=chunk_usages,
     )
     sink = run.streaming_sink(renderer, len(outputs))
     jobs = [
@@ -72,9 +89,52 @@ def test_one_choice_with_usage_exact_bytes() -> None:
     }
 
 
-def test_finish_reason_rides_on_the_last_token_without_usage() -> None:
-    run, _ = stream([(("a", "b", "c"), "stop")])
-    assert run.response.body == chunk(b"a") + chunk(b"b") + chunk(b"c", b"stop") + DONE
+def test_a_natural_stop_is_the_eos_tokens_own_empty_chunk_one_itl_later() -> None:
+    """The EOS token's chunk: ``text: ""``, ``stop``, one decode step after the last text,
+    which no longer says ``stop`` (vllm/v1/engine/detokenizer.py:107-128 skips its text;
+    completion/serving.py:438-470 sends each output as it comes), counted in usage."""
+    run, _ = stream([(("a", "b", ""), "stop")], include_usage=True)
+    assert run.writes_at() == {
+        0.1: chunk(b"a"),
+        0.11: chunk(b"b"),
+        0.12: chunk(b"", b"stop") + HEAD + b'[],"usage":{"prompt_tokens":3,"total_tokens":6,"completion_tokens":3,'
+        b'"prompt_tokens_details":{"cached_tokens":0}}}\n\n' + DONE,
+    }
+
+
+def test_continuous_usage_stats_exact_bytes() -> None:
+    """Every chunk's ``usage`` is its choice's tokens so far against its own prompt
+    (completion/serving.py:477-484), the echoed prompt's chunk counting its one token."""
+    run, _ = stream(
+        [(("x", ""), "stop"), (("y",), "length")],
+        echo_prompts=["Hi", "Bye now"],
+        chunk_usages=[ChunkUsage(1, with_details=False), ChunkUsage(2, with_details=False)],
+    )
+    assert run.response.body == (
+        chunk(b"Hix", index=0, usage=usage(1, 1))
+        + chunk(b"Bye nowy", b"length", index=1, usage=usage(2, 1))
+        + chunk(b"", b"stop", index=0, usage=usage(1, 2))
+        + DONE
+    )
+
+
+def test_echo_without_generation_sends_the_prompt_alone_after_its_one_token() -> None:
+    """``echo`` with ``max_tokens: 0``: one token generated (internal max_tokens 1), the
+    prompt its only text (completion/protocol.py:393,416; serving.py:363-366); usage
+    counts the token (serving.py:424)."""
+    run, _ = stream(
+        [(("unseen",), "length")],
+        echo_prompts=["Say hi"],
+        prompt_only=True,
+        include_usage=True,
+        chunk_usages=[ChunkUsage(3, with_details=False)],
+    )
+    assert run.writes_at() == {
+        0.1: chunk(b"Say hi", b"length", usage=usage(3, 1))
+        + HEAD
+        + b'[],"usage":{"prompt_tokens":3,"total_tokens":4,"completion_tokens":1,'
+        b'"prompt_tokens_details":{"cached_tokens":0}}}\n\n' + DONE
+    }
 
 
 def test_a_job_without_tokens_sends_one_empty_finishing_chunk() -> None:
@@ -129,3 +189,38 @@ def test_non_streaming_body_exact_bytes() -> None:
         b'"prompt_tokens_details":{"cached_tokens":0}},'
         b'"kv_transfer_params":null}'
     )
+
+
+def test_non_streaming_text_leaves_out_the_eos_token_and_usage_counts_it() -> None:
+    """``output.text`` has no EOS text, ``len(output.token_ids)`` counts it
+    (completion/serving.py:611-653)."""
+    run = EngineRun(**LATENCY)
+    sink = CollectingSink(1)
+    jobs = [make_job(sink, (" Paris", "!", ""), "stop")]
+    run.submit(jobs)
+    run.run()
+    body = orjson.loads(completion_body(response_id="cmpl-1", created=1, model="m", jobs=jobs, choices_per_prompt=1))
+    assert (body["choices"][0]["text"], body["choices"][0]["finish_reason"]) == (" Paris!", "stop")
+    assert body["usage"]["completion_tokens"] == 3
+
+
+def test_non_streaming_echo_without_generation_is_the_prompt_alone() -> None:
+    """serving.py:594-597: the text is the prompt, usage still counts the token made."""
+    run = EngineRun(**LATENCY)
+    sink = CollectingSink(1)
+    jobs = [make_job(sink, ("unseen",), "length")]
+    run.submit(jobs)
+    run.run()
+    body = orjson.loads(
+        completion_body(
+            response_id="cmpl-1",
+            created=1,
+            model="m",
+            jobs=jobs,
+            choices_per_prompt=1,
+            echo_prompts=["Say hi"],
+            prompt_only=True,
+        )
+    )
+    assert (body["choices"][0]["text"], body["choices"][0]["finish_reason"]) == ("Say hi", "length")
+    assert body["usage"]["completion_tokens"] == 1

@@ -19,6 +19,7 @@ from llmsim.app import Simulator
 from tests.api.fakes import CREATED, FakeResponse, post, running
 
 PATH = "/v1/responses"
+LOGPROBS = "message.output_text.logprobs"
 LATENCY = {"time_to_first_token": 0.1, "inter_token_latency": 0.01}
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -78,8 +79,24 @@ async def test_stream_head_is_sent_at_once_and_content_after_ttft(autojump_clock
     [
         ({}, "input", "input is required"),
         ({"input": 5}, "input", "Invalid type for 'input'"),
-        ({"input": "x", "max_output_tokens": 0}, "max_output_tokens", "should be positive"),
-        ({"input": "x", "top_logprobs": 21}, "top_logprobs", "between 0 and 20"),
+        # SamplingParams refuses a cap below 1 under the name max_tokens (vllm/sampling_params.py:691-696)
+        (
+            {"input": "x", "max_output_tokens": 0},
+            "max_tokens",
+            "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
+        ),
+        # top_logprobs counts with include only (protocol.py:635), under vLLM's limit and range
+        # (vllm/sampling_params.py:706-711,922-937)
+        (
+            {"input": "x", "include": [LOGPROBS], "top_logprobs": 21},
+            "logprobs",
+            "Requested sample logprobs of 21, which is greater than max allowed: 20 (parameter=logprobs, value=21)",
+        ),
+        (
+            {"input": "x", "include": [LOGPROBS], "top_logprobs": -2, "stream": True},
+            "logprobs",
+            "logprobs must be non-negative or -1, got -2. (parameter=logprobs, value=-2)",
+        ),
         ({"input": "x", "stream": "yes"}, "stream", "Invalid type"),
         ({"input": [{"type": "message", "content": "x"}]}, "input[0].role", "required"),
         ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role", "Invalid role"),
@@ -136,14 +153,73 @@ async def test_validation_errors(autojump_clock: MockClock, body: dict[str, Any]
     assert error["param"] == param and message in error["message"]
 
 
-async def test_unknown_model_and_context_length(autojump_clock: MockClock) -> None:
-    async with running(max_model_len=20) as sim:
+async def test_unknown_model(autojump_clock: MockClock) -> None:
+    async with running() as sim:
         unknown = await post(sim, PATH, {"model": "nope", "input": "x"})
-        too_long = await post(sim, PATH, {"input": "word " * 30})
-        too_many = await post(sim, PATH, {"input": "x", "max_output_tokens": 100})
     assert unknown.status == 404 and unknown.json()["error"]["message"] == "The model `nope` does not exist."
-    assert too_long.status == 400 and "maximum context length" in too_long.json()["error"]["message"]
-    assert too_many.status == 400 and too_many.json()["error"]["param"] == "max_output_tokens"
+
+
+async def prompt_tokens_of(body: dict[str, Any]) -> int:
+    async with running() as sim:
+        return int((await post(sim, PATH, {**body, "max_output_tokens": 1})).json()["usage"]["input_tokens"])
+
+
+def bad_request(message: str, param: str, error_type: str = "BadRequestError") -> bytes:
+    return orjson.dumps({"error": {"message": message, "type": error_type, "param": param, "code": 400}})
+
+
+async def test_context_window_errors_are_vllms(autojump_clock: MockClock) -> None:
+    filling = {"input": "word " * 10}
+    length = await prompt_tokens_of(filling)
+    async with running(max_model_len=length) as sim:
+        too_long = await post(sim, PATH, {"input": "word " * 30})
+        too_many = await post(sim, PATH, {"input": "x", "max_output_tokens": length + 1})
+        full = await post(sim, PATH, filling)
+    # the renderer's checks (vllm/renderers/params.py:270-283, 531-551): text is tokenized
+    # with truncation at max_model_len + 1, hence "at least"
+    assert too_long.status == 400
+    assert too_long.body == bad_request(
+        f"This model's maximum context length is {length} tokens. However, your prompt contains at least "
+        f"{length + 1} input tokens, which exceeds this limit even without any output tokens. Please reduce the "
+        f"length of the input prompt. (parameter=input_tokens, value={length + 1})",
+        "input_tokens",
+    )
+    assert too_many.body == bad_request(
+        f"max_output_tokens={length + 1} cannot be greater than max_model_len={length}. Please request fewer "
+        f"output tokens. (parameter=max_output_tokens, value={length + 1})",
+        "max_output_tokens",
+    )
+    # a prompt that fills the window (vllm/entrypoints/openai/responses/serving.py:232-252)
+    assert full.body == bad_request(
+        f"The engine prompt length {length} exceeds the max_model_len {length}. Please reduce prompt.",
+        "input",
+        "invalid_request_error",
+    )
+
+
+async def test_prompt_plus_max_output_tokens_over_the_window_is_clamped(autojump_clock: MockClock) -> None:
+    # get_max_tokens clamps the cap to the room the prompt leaves
+    # (vllm/entrypoints/serve/utils/api_utils.py:234-270, responses/serving.py:429-437)
+    prompt = await prompt_tokens_of({"input": "x"})
+    async with running(max_model_len=prompt + 5) as sim:
+        response = await post(sim, PATH, {"input": "x", "max_output_tokens": prompt + 5, "ignore_eos": True})
+        streamed = await post(
+            sim, PATH, {"input": "x", "max_output_tokens": prompt + 5, "stream": True, "ignore_eos": True}
+        )
+    body = response.json()
+    assert response.status == 200 and body["usage"]["output_tokens"] == 5
+    assert body["status"] == "incomplete" and body["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert streamed.status == 200 and b"event: response.incomplete\n" in streamed.body
+
+
+async def test_truncation_auto_keeps_room_for_one_token(autojump_clock: MockClock) -> None:
+    # truncation "auto" is truncate_prompt_tokens=-1: the prompt keeps max_model_len - 1
+    # tokens (vllm/entrypoints/openai/responses/protocol.py:525-532, renderers/params.py:238-256)
+    async with running(max_model_len=12) as sim:
+        response = await post(sim, PATH, {"input": "word " * 30, "truncation": "auto"})
+    usage = response.json()["usage"]
+    assert response.status == 200 and (usage["input_tokens"], usage["output_tokens"]) == (11, 1)
+    assert response.json()["status"] == "incomplete"
 
 
 async def test_tool_turn_rules(autojump_clock: MockClock) -> None:

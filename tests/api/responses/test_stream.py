@@ -104,6 +104,45 @@ def test_text_turn_exact_bytes() -> None:
     assert renderer.final is not None and renderer.final["status"] == "completed"
 
 
+def test_a_turn_cut_by_max_output_tokens_ends_with_response_incomplete_exact_bytes() -> None:
+    # vLLM 0.33: finish "length" makes the item and the response "incomplete", with
+    # incomplete_details.reason "max_output_tokens", and the last event is
+    # response.incomplete (vllm/entrypoints/openai/responses/serving.py:857-859,1442-1456;
+    # protocol.py:982-984; utils.py:103-107)
+    run, renderer, _ = run_stream(text_plan("Hello", " world", finish="length"))
+    final_message = (
+        b'{"id":"msg_1","content":[{"annotations":[],"text":"Hello world","type":"output_text","logprobs":null}],'
+        b'"role":"assistant","status":"incomplete","type":"message"}'
+    )
+    end = run.writes_at()[0.11]
+    assert end.endswith(
+        b'data: {"item":' + final_message + b',"output_index":0,"sequence_number":8,'
+        b'"type":"response.output_item.done"}\n\n'
+        b"event: response.incomplete\n"
+        b'data: {"response":{"id":"resp_1","created_at":1,"error":null,'
+        b'"incomplete_details":{"reason":"max_output_tokens"},'
+        b'"instructions":null,"metadata":null,"model":"m","object":"response","output":['
+        + final_message
+        + b'],"parallel_tool_calls":true,'
+        b'"temperature":1.0,"tool_choice":"auto","tools":[],"top_p":1.0,"background":false,"completed_at":2,'
+        b'"max_output_tokens":16,"max_tool_calls":null,"previous_response_id":null,"prompt":null,"reasoning":null,'
+        b'"service_tier":"auto","status":"incomplete","store":true,"text":{"format":{"type":"text"}},'
+        b'"top_logprobs":0,"truncation":"disabled","usage":{"input_tokens":3,"input_tokens_details":{"cached_tokens":0},'
+        b'"output_tokens":2,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":5},"user":null},'
+        b'"sequence_number":9,"type":"response.incomplete"}\n\n'
+    )
+    assert b"response.completed" not in run.response.body
+    assert renderer.final is not None and renderer.final["status"] == "incomplete"
+
+
+def test_a_tool_turn_cut_by_max_output_tokens_ends_with_response_incomplete() -> None:
+    plan = TurnPlan(('{"', "city"), (1, 2), "length", (Block(TOOL_CALL, 0, 2, "get_weather", "call_1"),))
+    run, _, _ = run_stream(plan)
+    (kind, last), item_done = events(run.response.body)[-1], events(run.response.body)[-2]
+    assert kind == "response.incomplete" and last["response"]["status"] == "incomplete"  # type: ignore[index]
+    assert item_done[1]["item"]["status"] == "incomplete"  # type: ignore[index]
+
+
 def test_tool_turn_exact_bytes() -> None:
     pieces = ('{"', "city", '": "', "Paris", '"}')
     plan = TurnPlan(pieces, (1, 2, 3, 4, 5), "tool_calls", (Block(TOOL_CALL, 0, 5, "get_weather", "call_1"),))
@@ -171,6 +210,7 @@ def test_catch_up_steps_keep_sequence_numbers_and_content_index() -> None:
     assert [p["sequence_number"] for _, p in parsed] == list(range(len(parsed)))
     assert {p["content_index"] for _, p in parsed if "content_index" in p} == {0}
     assert "".join(str(p["delta"]) for kind, p in parsed if kind == "response.output_text.delta") == "a b c d e"
+    assert parsed[-1][0] == "response.incomplete"
     final = parsed[-1][1]["response"]
     assert final["status"] == "incomplete" and final["incomplete_details"] == {"reason": "max_output_tokens"}  # type: ignore[index]
     assert final["output"][0]["status"] == "incomplete"  # type: ignore[index]

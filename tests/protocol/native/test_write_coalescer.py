@@ -96,13 +96,14 @@ def sse_events(body: bytes) -> list[bytes]:
 
 
 def assert_whole_chat_stream(body: bytes, tokens: int) -> None:
-    """Role chunk, one chunk per token, finish chunk, [DONE]: in this order, none lost."""
+    """Role chunk, one chunk per token (the last with the finish reason, as vLLM's
+    chat_completion/serving.py:796-809), [DONE]: in this order, none lost."""
     events = sse_events(body)
     assert events[-1] == b"data: [DONE]"
     chunks = [json.loads(event.removeprefix(b"data: ")) for event in events[:-1]]
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-    contents = [chunk["choices"][0]["delta"].get("content") for chunk in chunks[1:-1]]
+    contents = [chunk["choices"][0]["delta"].get("content") for chunk in chunks[1:]]
     assert len(contents) == tokens and all(isinstance(text, str) for text in contents)
 
 
