@@ -14,6 +14,7 @@ Durations are seconds (floats).  Values are typed here; the lenient reading of t
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -228,6 +229,23 @@ class ModelOptions:
         help="a local HF tokenizer.json, or a directory holding one; never fetched from the network",
     )
 
+    vllm_version: str = option(
+        "0.33.0",
+        metavar="VERSION",
+        llmd=False,
+        help="the vLLM version simulated: /version and system_fingerprint report it",
+    )
+    enable_prompt_tokens_details: bool = option(
+        False,
+        llmd=False,
+        help="usage.prompt_tokens_details ({cached_tokens, ...}), as vLLM's flag; null without it",
+    )
+    enable_responses_store: bool = option(
+        True,
+        llmd=False,
+        help="keep /v1/responses responses for GET and previous_response_id (vLLM: VLLM_ENABLE_RESPONSES_API_STORE=1)",
+    )
+
     def __attrs_post_init__(self) -> None:
         if not all(self.served_model_name):
             raise ConfigError("served-model-name", "names must not be empty")
@@ -240,6 +258,14 @@ class ModelOptions:
     @property
     def display_model(self) -> str:
         return self.model_names[0]
+
+    @property
+    def system_fingerprint(self) -> str:
+        """vLLM's default (``--fingerprint-mode full``, one GPU) ``vllm-<version>-<hash8>``
+        (vllm/entrypoints/serve/utils/fingerprint.py:48-84): ``hash8`` there is the
+        head of the engine config's hash; here of the model's name and context window."""
+        digest = hashlib.sha256(f"{self.name}:{self.max_model_len}".encode()).hexdigest()
+        return f"vllm-{self.vllm_version}-{digest[:8]}"
 
 
 @attrs.frozen(kw_only=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -11,6 +12,7 @@ import orjson
 
 from llmsim.api.errors import JSON_HEADERS, ApiError
 from llmsim.api.http import HttpRequest, ResponseStream
+from llmsim.api.structure import error_input, request_validation_error
 from llmsim.engine.scheduler import Engine
 from llmsim.model.text import TextGenerator
 from llmsim.model.tokenizer import Tokenizer
@@ -57,7 +59,9 @@ class ApiContext:
             raise ApiError(400, "model must be a string", param="model")
         if name in self.model.model_names:
             return self.model.display_model
-        raise ApiError(404, f"The model `{name}` does not exist.", param="model")
+        # vllm/entrypoints/serve/engine/serving.py:75-84
+        aliases = ", ".join(self.model.model_names)
+        raise ApiError(404, f"The model `{name}` does not exist. Valid aliases: {aliases}.", param="model")
 
 
 @attrs.frozen
@@ -72,18 +76,29 @@ class Call:
     def json(self) -> dict[str, Any]:
         """The body as a JSON object, or a 400 that says what is wrong with it."""
         content_type = self.request.header("content-type")
-        if content_type is not None and content_type != "application/json":  # the usual one needs no parsing
-            media_type = content_type.split(";", 1)[0].strip().lower()
-            if media_type != "application/json" and not media_type.endswith("+json"):
-                raise ApiError(400, f"Unsupported Media Type: Only 'application/json' is allowed, got {media_type!r}")
-        if not self.request.body.strip():
-            raise ApiError(400, "The request body is empty; send a JSON object.")
+        # vllm/entrypoints/serve/utils/api_utils.py:309-315 (an absent header is let through)
+        if (
+            content_type is not None
+            and content_type != "application/json"  # the usual one needs no parsing
+            and content_type.split(";", 1)[0].strip().lower() != "application/json"
+        ):
+            raise request_validation_error(["Unsupported Media Type: Only 'application/json' is allowed"])
+        if not self.request.body:  # FastAPI reads no body at all (fastapi/routing.py)
+            raise request_validation_error(
+                [{"type": "missing", "loc": "body", "msg": "Field required", "input": "None"}], "body"
+            )
         try:
             value = orjson.loads(self.request.body)
-        except orjson.JSONDecodeError as exc:
-            raise ApiError(400, f"Malformed JSON in request body: {exc}") from None
+        except orjson.JSONDecodeError:
+            raise _json_invalid(self.request.body) from None
         if not isinstance(value, dict):
-            raise ApiError(400, f"The request body must be a JSON object, got {type(value).__name__}.")
+            error = {
+                "type": "model_attributes_type",
+                "loc": "body",
+                "msg": "Input should be a valid dictionary or object to extract fields from",
+                "input": error_input(value),
+            }
+            raise request_validation_error([error], "body")
         return value
 
     def respond(self, status: int, body: bytes, headers: tuple[tuple[bytes, bytes], ...] = JSON_HEADERS) -> None:
@@ -93,3 +108,25 @@ class Call:
 
     def respond_json(self, value: object, status: int = 200) -> None:
         self.respond(status, orjson.dumps(value))
+
+
+def _json_invalid(body: bytes) -> ApiError:
+    """FastAPI's ``json_invalid`` error as vLLM renders it: the position and text of
+    Python's JSON decoder (fastapi/routing.py; vllm/entrypoints/serve/exception_handling/
+    handlers/validation.py:149-196).  Only on the error path, so the stdlib's speed is moot."""
+    try:
+        json.loads(body)
+    except json.JSONDecodeError as exc:
+        position, reason = exc.pos, exc.msg
+    except UnicodeDecodeError:
+        position, reason = 0, "Invalid UTF-8"
+    else:  # orjson is stricter than json (e.g. NaN): report it the same way
+        position, reason = 0, "JSON decode error"
+    error = {
+        "type": "json_invalid",
+        "loc": f"body.{position}",
+        "msg": "JSON decode error",
+        "input": "<dict of 0 items>",
+        "ctx": {"error": reason},
+    }
+    return request_validation_error([error], f"body.{position}")

@@ -64,17 +64,22 @@ _FINISHED = JobState.FINISHED  # a module global: enum member lookups cost on th
 @attrs.frozen
 class RequestIdentity:
     """How a request is named: ``X-Request-Id`` when the client sent one (then echoed
-    back as a header), otherwise a fresh id."""
+    back as a header), else the body's ``request_id`` (chat and completions), else a
+    fresh id: vLLM's ``_base_request_id(raw_request, request.request_id)``
+    (vllm/entrypoints/serve/engine/serving.py:133-142; chat_completion/serving.py:321,
+    completion/serving.py:147)."""
 
     request_id: str  # seeds the text RNG of every choice
     response_id: str  # the prefixed id the body reports: "chatcmpl-<id>", "resp_<id>"...
     headers: tuple[tuple[bytes, bytes], ...]
 
     @classmethod
-    def of(cls, call: Call, prefix: str) -> RequestIdentity:
+    def of(cls, call: Call, prefix: str, body_id: str | None = None) -> RequestIdentity:
         given = call.request.header("x-request-id")
         if given:
             return cls(given, prefix + given, ((b"x-request-id", given.encode("latin-1")),))
+        if body_id is not None:
+            return cls(body_id, prefix + body_id, ())
         request_id = call.ctx.new_request_id()
         return cls(request_id, prefix + request_id, ())
 

@@ -31,11 +31,13 @@ from typing import Protocol
 import attrs
 import orjson
 
+from llmsim._version import __version__
 from llmsim.api.response_state import ResponseEvent, ResponseState, ResponseStateError, next_state
 
 __all__ = [
     "JSON_HEADERS",
     "REASON_PHRASES",
+    "VERSION_HEADER",
     "Application",
     "Headers",
     "HttpRequest",
@@ -85,7 +87,10 @@ def reason_phrase(status: int) -> bytes:
     return REASON_PHRASES.get(status, b"Unknown")
 
 
-JSON_HEADERS: tuple[tuple[bytes, bytes], ...] = ((b"content-type", b"application/json"),)
+#: llmsim's own version, on every response the API answers (``/version`` reports the
+#: vLLM version simulated).
+VERSION_HEADER: tuple[bytes, bytes] = (b"x-llmsim-version", __version__.encode())
+JSON_HEADERS: tuple[tuple[bytes, bytes], ...] = ((b"content-type", b"application/json"), VERSION_HEADER)
 
 _OPENAI_TYPES = {
     400: "BadRequestError",

@@ -18,11 +18,17 @@ token (:func:`with_eos`): one more piece, of empty text, after the last text tok
 The engine paces it like any token, so its chunk (empty text, the finish reason) goes
 out one inter-token latency after the last text; usage counts it; the text leaves it
 out.
+
+Structured output (chat's ``response_format`` and vLLM's ``structured_outputs``,
+``text.format`` on /v1/responses) is a :class:`StructuredOutput`: :func:`plan_structured`
+plans the text that satisfies it — schema-valid JSON, a string the regex fully matches,
+one of the choices — token by token, cut at the cap like any text.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import random
 from collections.abc import Sequence
 
@@ -30,7 +36,10 @@ import attrs
 
 from llmsim.api.context import ApiContext
 from llmsim.api.errors import ApiError
+from llmsim.api.tool_support import planning_errors
 from llmsim.model.text import FinishReason
+from llmsim.model.tools import CompiledSchema, arguments_json
+from llmsim.schema.regex import StringPattern
 
 __all__ = [
     "TEXT",
@@ -38,11 +47,14 @@ __all__ = [
     "Block",
     "GenerationPlan",
     "PromptPlan",
+    "StructuredOutput",
     "TurnPlan",
     "check_min_tokens",
     "cut_at_stop",
     "output_cap",
+    "plan_answer",
     "plan_fixed_text",
+    "plan_structured",
     "plan_text",
     "plan_text_choices",
     "plan_tool_calls",
@@ -51,6 +63,12 @@ __all__ = [
 
 TEXT = "text"
 TOOL_CALL = "tool_call"
+
+JSON = "json"
+JSON_OBJECT = "json_object"
+REGEX = "regex"
+CHOICE = "choice"
+_JSON_OBJECT_OVERHEAD = 8  # tokens of '{"response": ""}' around a json_object's text
 
 
 @attrs.frozen
@@ -122,6 +140,17 @@ class GenerationPlan:
         return cls(request_id, (prompt,), (turn,))
 
 
+@attrs.frozen
+class StructuredOutput:
+    """A constraint on a text turn: ``json`` (a compiled schema), ``json_object`` (any
+    JSON object), ``regex`` (the whole text matches it) or ``choice`` (one of the strings)."""
+
+    kind: str = attrs.field(validator=attrs.validators.in_((JSON, JSON_OBJECT, REGEX, CHOICE)))
+    schema: CompiledSchema | None = None
+    pattern: StringPattern | None = None
+    choices: tuple[str, ...] = ()
+
+
 def output_cap(ctx: ApiContext, prompt_tokens: int, max_tokens: int | None) -> int:
     """The most tokens an answer may have: the request's cap within the context window."""
     room = ctx.model.max_model_len - prompt_tokens
@@ -180,6 +209,35 @@ def plan_text(
     return TurnPlan(text.pieces, text.token_ids, text.finish_reason, _text_blocks(len(text.pieces)))
 
 
+def plan_answer(
+    ctx: ApiContext,
+    rng: random.Random,
+    structured: StructuredOutput | None,
+    *,
+    prompt_tokens: int,
+    max_tokens: int | None,
+    cap: int,
+    ignore_eos: bool,
+    echo_text: str,
+    min_tokens: int,
+) -> TurnPlan:
+    """A choice's answer in text: constrained by ``structured`` when the request asks for
+    structured output, else free text (with its length rules and ``min_tokens``)."""
+    if structured is not None:
+        return plan_structured(
+            ctx, rng, structured, prompt_tokens=prompt_tokens, cap=cap, ignore_eos=ignore_eos, echo_text=echo_text
+        )
+    return plan_text(
+        ctx,
+        rng,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        ignore_eos=ignore_eos,
+        echo_text=echo_text,
+        min_tokens=min_tokens,
+    )
+
+
 def plan_text_choices(
     ctx: ApiContext,
     request_id: str,
@@ -189,6 +247,7 @@ def plan_text_choices(
     max_tokens: int | None,
     ignore_eos: bool,
     min_tokens: int = 0,
+    structured: StructuredOutput | None = None,
 ) -> list[TurnPlan]:
     """Text for every choice of a chat or completions request, in choice-index order:
     ``choices_per_prompt`` answers to each ``(prompt_tokens, echo_text)``, choice ``i``
@@ -200,11 +259,14 @@ def plan_text_choices(
             if cap < 1:  # no room at all: only completions' echo without generation gets here
                 turns.append(TurnPlan((), (), FinishReason.LENGTH, _text_blocks(0)))
                 continue
-            turn = plan_text(
+            rng = ctx.rng_for(request_id, prompt_index * choices_per_prompt + k)
+            turn = plan_answer(
                 ctx,
-                ctx.rng_for(request_id, prompt_index * choices_per_prompt + k),
+                rng,
+                structured,
                 prompt_tokens=prompt_tokens,
                 max_tokens=max_tokens,
+                cap=cap,
                 ignore_eos=ignore_eos,
                 echo_text=echo_text,
                 min_tokens=min_tokens,
@@ -220,6 +282,37 @@ def plan_fixed_text(ctx: ApiContext, text: str, cap: int) -> TurnPlan:
     if len(pieces) > cap:
         pieces, ids, finish = pieces[:cap], ids[:cap], FinishReason.LENGTH
     return TurnPlan(pieces, ids, finish, _text_blocks(len(pieces)))
+
+
+def plan_structured(
+    ctx: ApiContext,
+    rng: random.Random,
+    structured: StructuredOutput,
+    *,
+    prompt_tokens: int,
+    cap: int,
+    ignore_eos: bool,
+    echo_text: str,
+) -> TurnPlan:
+    """A text turn that satisfies ``structured``, drawn from ``rng``, cut at ``cap``
+    tokens (finish ``length``); a complete one finishes ``stop`` (its EOS is the
+    caller's :func:`with_eos`)."""
+    if structured.kind == JSON:
+        assert structured.schema is not None
+        with planning_errors():  # an accepted schema that admits no value: a 400
+            text = arguments_json(structured.schema.generate(rng, ctx.tool_calls))
+    elif structured.kind == REGEX:
+        assert structured.pattern is not None
+        text = structured.pattern.generate(rng, rng.choice(structured.pattern.lengths(0, None)))
+    elif structured.kind == CHOICE:
+        text = rng.choice(structured.choices)
+    else:  # any JSON object: the random text as its one string
+        budget = max(1, cap - _JSON_OBJECT_OVERHEAD)
+        inner = plan_text(
+            ctx, rng, prompt_tokens=prompt_tokens, max_tokens=budget, ignore_eos=ignore_eos, echo_text=echo_text
+        )
+        text = json.dumps({"response": "".join(inner.pieces)}, ensure_ascii=False)
+    return plan_fixed_text(ctx, text, cap)
 
 
 def plan_tool_calls(ctx: ApiContext, calls: Sequence[tuple[str, str, str]], cap: int) -> TurnPlan:

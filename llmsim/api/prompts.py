@@ -85,14 +85,13 @@ def _text_prompt(text: str, tokenizer: Tokenizer) -> CompletionPrompt:
 def _token_prompt(token_ids: tuple[int, ...], tokenizer: Tokenizer) -> CompletionPrompt:
     if not token_ids:
         raise ApiError(400, "prompt must not contain an empty token-id array", param="prompt")
-    negative = next((t for t in token_ids if t < 0), None)
-    if negative is not None:
-        message = f"Token id {negative} is out of vocabulary; token ids must be non-negative."
-        raise ApiError(400, message, param="prompt")
-    too_large = next((t for t in token_ids if t >= tokenizer.vocab_size), None)
-    if too_large is not None:
-        message = f"Token id {too_large} is out of vocabulary; token ids go from 0 to {tokenizer.vocab_size - 1}."
-        raise ApiError(400, message, param="prompt")
+    # vLLM's renderer checks the smallest id, then the largest, and names no parameter
+    # (vllm/renderers/base.py:453-490, called from vllm/v1/engine/input_processor.py:647)
+    lowest, highest = min(token_ids), max(token_ids)
+    if lowest < 0:
+        raise validation_error(f"Token id {lowest} is out of vocabulary")
+    if highest >= tokenizer.vocab_size:
+        raise validation_error(f"Token id {highest} is out of vocabulary")
     return CompletionPrompt(token_ids, tokenizer.decode(token_ids), ",".join(map(str, token_ids)), is_text=False)
 
 

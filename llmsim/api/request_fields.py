@@ -4,16 +4,19 @@ Structured from JSON by :mod:`llmsim.api.structure` (strict types, unknown field
 ignored): the four prompt forms (/v1/completions now; embeddings and tokenize take
 them too), media URLs and input audio (chat's content parts, responses' input parts),
 and :class:`GenerationParams`, the fields chat and completions share, with
-:func:`check_generation_params`, their rules about values rather than types (vLLM's
-message for ``max_tokens``, llm-d-inference-sim's for the rest).  Field defaults follow vLLM's pydantic models: a
+:func:`check_generation_params`, their rules about values rather than types, which
+are vLLM's ``SamplingParams`` rules and texts (:func:`check_sampling_fields`, also used
+by /v1/responses).  Field defaults follow vLLM's pydantic models: a
 field sent as ``null`` counts as not set.
 """
 
 from __future__ import annotations
 
+import math
+
 import attrs
 
-from llmsim.api.errors import ApiError, validation_error
+from llmsim.api.errors import validation_error
 from llmsim.api.structure import FieldTypeError, converter, json_type_name
 
 __all__ = [
@@ -21,8 +24,10 @@ __all__ = [
     "InputAudio",
     "MediaUrl",
     "Prompt",
+    "SamplingFields",
     "StreamOptions",
     "check_generation_params",
+    "check_sampling_fields",
 ]
 
 
@@ -46,7 +51,24 @@ class StreamOptions:
 
 
 @attrs.frozen(kw_only=True)
-class GenerationParams:
+class SamplingFields:
+    """vLLM's sampling fields: checked by :func:`check_sampling_fields` as vLLM's
+    ``SamplingParams`` does, otherwise unused (the text is made up)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop: str | tuple[str, ...] | None = None
+    stop_token_ids: tuple[int, ...] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class GenerationParams(SamplingFields):
     """The fields chat and completions share."""
 
     model: str | None = None
@@ -57,6 +79,8 @@ class GenerationParams:
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     echo: bool | None = None
+    # names the request unless X-Request-Id does (vllm/entrypoints/serve/engine/serving.py:133-142)
+    request_id: str | None = None
 
     @property
     def choices_per_prompt(self) -> int:
@@ -93,16 +117,65 @@ class GenerationParams:
 
 def check_generation_params(request: GenerationParams) -> None:
     """Value rules shared by chat and completions; ApiError 400 on the first broken one."""
-    if request.n is not None and request.n < 1:
-        raise ApiError(400, "n must be at least 1", param="n")
-    max_tokens = request.requested_max_tokens
-    if max_tokens is not None and max_tokens < 1 and not request.echo_without_generation:
-        # SamplingParams._verify_args (vllm/sampling_params.py:691-696): the field is
-        # max_tokens whichever request field the cap came from
+    if request.stream_options is not None and not request.streaming:
+        # vllm/entrypoints/openai/chat_completion/protocol.py:858-868 (a model validator, so first)
+        message = "Stream options can only be defined when `stream=True`."
+        raise validation_error(message, parameter="stream_options")
+    # completions' echo with max_tokens 0 asks vLLM for one token (completion/protocol.py:393)
+    max_tokens = 1 if request.echo_without_generation else request.requested_max_tokens
+    check_sampling_fields(request, n=request.choices_per_prompt, max_tokens=max_tokens)
+
+
+#: Below this temperature vLLM samples greedily (vllm/sampling_params.py:32).  An unset
+#: field takes vLLM's default (vllm/entrypoints/openai/chat_completion/protocol.py:705-713).
+_SAMPLING_EPS = 1e-5
+
+
+def check_sampling_fields(request: SamplingFields, *, n: int = 1, max_tokens: int | None = None) -> None:
+    """``SamplingParams._verify_args`` (vllm/sampling_params.py:635-735, 770-774), in its
+    order and with its texts; the `` (parameter=…, value=…)`` suffix only where vLLM
+    names the parameter.  ``n`` and ``max_tokens`` come from whichever request field
+    the endpoint takes them from; ``max_tokens`` is named so whatever that field is."""
+    if n < 1:  # _verify_num_sequences, sampling_params.py:49-55 (no parameter)
+        raise validation_error(f"n must be at least 1, got {n}.")
+    presence = 0.0 if request.presence_penalty is None else request.presence_penalty
+    if not -2.0 <= presence <= 2.0:
+        raise validation_error(f"presence_penalty must be in [-2, 2], got {presence}.")
+    frequency = 0.0 if request.frequency_penalty is None else request.frequency_penalty
+    if not -2.0 <= frequency <= 2.0:
+        raise validation_error(f"frequency_penalty must be in [-2, 2], got {frequency}.")
+    repetition = 1.0 if request.repetition_penalty is None else request.repetition_penalty
+    if not math.isfinite(repetition):
+        raise validation_error(f"repetition_penalty must be a finite number, got {repetition}.")
+    if repetition <= 0.0:
+        raise validation_error(f"repetition_penalty must be greater than zero, got {repetition}.")
+    temperature = 1.0 if request.temperature is None else request.temperature
+    if not math.isfinite(temperature):
+        message = f"temperature must be a finite number, got {temperature}."
+        raise validation_error(message, parameter="temperature", value=temperature)
+    if temperature < 0.0:
+        message = f"temperature must be non-negative, got {temperature}."
+        raise validation_error(message, parameter="temperature", value=temperature)
+    if temperature > 2.0:
+        message = f"temperature must be in [0, 2], got {temperature}."
+        raise validation_error(message, parameter="temperature", value=temperature)
+    top_p = 1.0 if request.top_p is None else request.top_p
+    if not 0.0 < top_p <= 1.0:
+        raise validation_error(f"top_p must be in (0, 1], got {top_p}.", parameter="top_p", value=top_p)
+    top_k = 0 if request.top_k is None else request.top_k
+    if top_k < -1:  # -1 is quietly accepted as "disabled", like 0
+        raise validation_error(f"top_k must be 0 (disable), or at least 1, got {top_k}.")
+    min_p = 0.0 if request.min_p is None else request.min_p
+    if not 0.0 <= min_p <= 1.0:
+        raise validation_error(f"min_p must be in [0, 1], got {min_p}.")
+    if max_tokens is not None and max_tokens < 1:  # sampling_params.py:691-696
         message = f"max_tokens must be at least 1, got {max_tokens}."
         raise validation_error(message, parameter="max_tokens", value=max_tokens)
-    if request.stream_options is not None and not request.streaming:
-        raise ApiError(400, "Stream options can only be defined when stream is True.", param="stream_options")
+    stops = (request.stop,) if isinstance(request.stop, str) else request.stop or ()
+    if any(not stop for stop in stops):  # sampling_params.py:737-739
+        raise validation_error("stop cannot contain an empty string.")
+    if temperature < _SAMPLING_EPS and n > 1:  # _verify_greedy_sampling, sampling_params.py:770-774
+        raise validation_error(f"n must be 1 when using greedy sampling, got {n}.")
 
 
 #: A prompt in one of its four forms: a string, strings, token ids, arrays of token ids.
@@ -148,5 +221,15 @@ def _structure_url(value: object) -> str:
     raise FieldTypeError("a 'url' string", value)
 
 
+def _structure_stop(value: object, _: type) -> str | tuple[str, ...] | None:
+    """``stop``: a string, or an array of strings (vLLM's ``StopParam``)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return tuple(value)
+    raise FieldTypeError("a string or an array of strings", value)
+
+
+converter.register_structure_hook_func(lambda t: t == (str | tuple[str, ...] | None), _structure_stop)
 converter.register_structure_hook_func(lambda t: t == (MediaUrl | None), _structure_media_url)
 converter.register_structure_hook_func(lambda t: t == Prompt, _structure_prompt)

@@ -19,6 +19,7 @@ import json
 import orjson
 
 from llmsim.api.errors import ApiError
+from llmsim.api.http import VERSION_HEADER
 
 __all__ = [
     "DONE_EVENT",
@@ -31,7 +32,7 @@ __all__ = [
     "json_bytes",
 ]
 
-SSE_HEADERS: tuple[tuple[bytes, bytes], ...] = ((b"content-type", b"text/event-stream; charset=utf-8"),)
+SSE_HEADERS: tuple[tuple[bytes, bytes], ...] = ((b"content-type", b"text/event-stream; charset=utf-8"), VERSION_HEADER)
 DONE_EVENT = b"data: [DONE]\n\n"
 
 _CACHE_LIMIT = 8192  # distinct pieces kept; the cache is dropped whole when full

@@ -4,8 +4,10 @@ cattrs does the walking; the hooks registered here make it strict the way a JSON
 must be: an integer field takes an integer (not ``"5"``, not ``true``), a list field
 takes a JSON array (not a string it could iterate), an object field takes a JSON
 object.  Unknown keys are ignored (vLLM ignores many sampling fields).  Every failure
-becomes an :class:`~llmsim.api.errors.ApiError` 400 whose ``param`` is the path of the
-offending field, e.g. ``messages[0].content``.
+becomes an :class:`~llmsim.api.errors.ApiError` 400 as vLLM renders FastAPI's
+``RequestValidationError``: type ``Bad Request``, ``param`` the field's location, e.g.
+``body.messages.0.content``, and pydantic's error for it (:func:`request_validation_error`).
+llmsim stays strict where pydantic's lax mode would coerce (``"5"`` for an integer).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from cattrs.gen import make_dict_structure_fn
 
 from llmsim.api.errors import ApiError
 
-__all__ = ["FieldTypeError", "converter", "json_type_name", "structure"]
+__all__ = ["FieldTypeError", "converter", "error_input", "json_type_name", "request_validation_error", "structure"]
 
 T = TypeVar("T")
 
@@ -32,6 +34,8 @@ class FieldTypeError(TypeError):
 
     def __init__(self, expected: str, value: object) -> None:
         super().__init__(f"expected {expected}, got {json_type_name(value)}")
+        self.expected = expected
+        self.value = value
 
 
 def json_type_name(value: object) -> str:
@@ -157,28 +161,108 @@ def structure(value: object, cls: type[T]) -> T:
     try:
         return converter.structure(value, cls)
     except (cattrs.BaseValidationError, TypeError, ValueError, KeyError) as exc:
-        raise _as_api_error(exc) from None
+        raise _as_api_error(exc, value) from None
 
 
-def _as_api_error(exc: BaseException) -> ApiError:
+#: pydantic's error ``type`` and ``msg`` for a value of the wrong JSON type, by what the
+#: field expects (pydantic-core's messages; vLLM's request models are pydantic).
+_PYDANTIC_TYPE_ERRORS = {
+    "an integer": ("int_type", "Input should be a valid integer"),
+    "a number": ("float_type", "Input should be a valid number"),
+    "a string": ("string_type", "Input should be a valid string"),
+    "a boolean": ("bool_type", "Input should be a valid boolean"),
+    "an array": ("list_type", "Input should be a valid list"),
+    "an object": ("dict_type", "Input should be a valid dictionary"),
+}
+
+
+def _pydantic_type_error(expected: str, value: object) -> tuple[str, str] | None:
+    """What pydantic says of ``value`` where ``expected`` is wanted (lax mode parses strings)."""
+    if isinstance(value, str):
+        if expected == "an integer":
+            return "int_parsing", "Input should be a valid integer, unable to parse string as an integer"
+        if expected == "a number":
+            return "float_parsing", "Input should be a valid number, unable to parse string as a number"
+        if expected == "a boolean":
+            return "bool_parsing", "Input should be a valid boolean, unable to interpret input"
+    if expected == "an integer" and isinstance(value, float):
+        return "int_from_float", "Input should be a valid integer, got a number with a fractional part"
+    if expected == "a boolean" and isinstance(value, int) and not isinstance(value, bool):
+        return "bool_parsing", "Input should be a valid boolean, unable to interpret input"
+    return _PYDANTIC_TYPE_ERRORS.get(expected)
+
+
+def error_input(value: object) -> object:
+    """vLLM's size-bounded stand-in for an error's ``input``
+    (vllm/entrypoints/serve/exception_handling/handlers/validation.py:83-104)."""
+    if isinstance(value, str):
+        return value if len(value) <= 200 else value[:200] + "...[truncated]"
+    if isinstance(value, list | dict):
+        return f"<{type(value).__name__} of {len(value)} items>"
+    text = str(value)
+    return text if len(text) <= 200 else text[:200] + "...[truncated]"
+
+
+def request_validation_error(errors: list[object], param: str | None = None) -> ApiError:
+    """FastAPI's ``RequestValidationError`` as vLLM renders it: 400, type ``Bad Request``,
+    ``param`` the first error's ``loc``, and ``"N validation error(s):"`` then each error
+    as its Python ``str`` (vllm/entrypoints/serve/exception_handling/handlers/validation.py:149-196)."""
+    label = "error" if len(errors) == 1 else "errors"
+    message = f"{len(errors)} validation {label}:\n" + "\n".join(f"  {error}" for error in errors)
+    return ApiError(400, message, param=param, error_type="Bad Request")
+
+
+def _as_api_error(exc: BaseException, value: object) -> ApiError:
     path, leaf = _first_failure(exc)
-    where = "".join(path).lstrip(".")
+    loc = ".".join(["body", *map(str, path)])
     if isinstance(leaf, KeyError):
-        return ApiError(400, f"Field '{where}' is required.", param=where or None)
+        parent = _value_at(value, path[:-1])
+        error = {"type": "missing", "loc": loc, "msg": "Field required", "input": error_input(parent)}
+        return request_validation_error([error], loc)
     if isinstance(leaf, FieldTypeError):
-        target = f"'{where}'" if where else "the request body"
-        return ApiError(400, f"Invalid type for {target}: {leaf}.", param=where or None)
-    return ApiError(400, f"Invalid value for '{where}': {leaf}", param=where or None)
+        known = _pydantic_type_error(leaf.expected, leaf.value)
+        if known is not None:
+            kind, msg = known
+            error = {"type": kind, "loc": loc, "msg": msg, "input": error_input(leaf.value)}
+            return request_validation_error([error], loc)
+        # a union of types: pydantic lists one error per branch; llmsim says what it expects
+        message = f"Invalid type for '{_dotted(path) or 'the request body'}': {leaf}."
+        return ApiError(400, message, param=loc, error_type="Bad Request")
+    # a validator's ValueError, as pydantic wraps it
+    text = str(leaf)
+    error = {
+        "type": "value_error",
+        "loc": loc,
+        "msg": f"Value error, {text}",
+        "input": error_input(_value_at(value, path)),
+        "ctx": {"error": ValueError(text)},
+    }
+    return request_validation_error([error], loc)
 
 
-def _first_failure(exc: BaseException) -> tuple[list[str], BaseException]:
+def _dotted(path: list[str | int]) -> str:
+    return "".join(f"[{key}]" if isinstance(key, int) else f".{key}" for key in path).lstrip(".")
+
+
+def _value_at(value: object, path: list[str | int]) -> object:
+    for key in path:
+        if isinstance(value, dict) and isinstance(key, str):
+            value = value.get(key)
+        elif isinstance(value, list) and isinstance(key, int) and key < len(value):
+            value = value[key]
+        else:
+            return None
+    return value
+
+
+def _first_failure(exc: BaseException) -> tuple[list[str | int], BaseException]:
     """Follow the first sub-exception down to the leaf, collecting the field path."""
-    path: list[str] = []
+    path: list[str | int] = []
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
         for note in getattr(exc, "__notes__", ()):
             if isinstance(note, AttributeValidationNote):
-                path.append(f".{note.name}")
+                path.append(note.name)
             elif isinstance(note, IterableValidationNote):
-                path.append(f"[{note.index}]")
+                path.append(note.index)
     return path, exc

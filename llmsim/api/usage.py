@@ -8,7 +8,26 @@ import attrs
 
 from llmsim.engine.job import Job
 
-__all__ = ["ChunkUsage", "Usage"]
+__all__ = ["CACHE_BLOCK_TOKENS", "ChunkUsage", "Usage", "UsageStyle"]
+
+
+#: Tokens per KV-cache block: vLLM's default block size on GPUs.  A prompt's full
+#: blocks are what its prefill writes to the prefix cache.
+CACHE_BLOCK_TOKENS = 16
+
+
+@attrs.frozen
+class UsageStyle:
+    """How a family renders ``prompt_tokens_details``.
+
+    ``prompt_details`` is ``--enable-prompt-tokens-details``: without it vLLM leaves
+    the details ``None`` (chat_completion/serving.py:95-114, completion/serving.py:
+    508-511, 668-675).  Chat fills ``created_cache_tokens`` too (serving.py:110-114);
+    completions passes ``cached_tokens`` alone.
+    """
+
+    prompt_details: bool
+    created_cache_tokens: bool  # chat: True; completions: False
 
 
 @attrs.frozen
@@ -16,33 +35,64 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    created_cache_tokens: int = 0  # prompt tokens the prefill wrote to the prefix cache
 
     @classmethod
     def of(cls, jobs: Sequence[Job], choices_per_prompt: int) -> Usage:
         """Prompt (and cached) tokens count once per prompt, not once per choice:
         the ``n`` choices of one prompt share it.  Choice ``i`` belongs to prompt
-        ``i // choices_per_prompt``.  (One pass: this runs at the end of every request.)"""
-        prompt_tokens = completion_tokens = cached_tokens = 0
+        ``i // choices_per_prompt``.  (One pass: this runs at the end of every request.)
+
+        The cache writes are vLLM's ``num_cache_creation_tokens``: the prompt's full
+        blocks less what was already cached (vllm/v1/metrics/stats.py:342-346, fed
+        ``estimate_cached_tokens``, vllm/v1/core/kv_cache_manager.py:760)."""
+        prompt_tokens = completion_tokens = cached_tokens = created = 0
         for job in jobs:
             completion_tokens += job.completion_tokens
             if job.index % choices_per_prompt == 0:
                 prompt_tokens += job.prompt_tokens
                 cached_tokens += job.cached_tokens
-        return cls(prompt_tokens, completion_tokens, cached_tokens)
+                full_blocks = job.prompt_tokens - job.prompt_tokens % CACHE_BLOCK_TOKENS
+                created += max(0, full_blocks - job.cached_tokens)
+        return cls(prompt_tokens, completion_tokens, cached_tokens, created)
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
-    def as_dict(self) -> dict[str, object]:
-        """``prompt_tokens, total_tokens, completion_tokens, prompt_tokens_details``:
-        vLLM's UsageInfo field order."""
+    def body_dict(self, style: UsageStyle) -> dict[str, object]:
+        """A response body's usage: vLLM's ``UsageInfo`` dumped whole
+        (vllm/entrypoints/serve/engine/protocol.py:121-140), every key in field order."""
+        details: dict[str, object] | None = None
+        if style.prompt_details:
+            details = {
+                "cached_tokens": self.cached_tokens,
+                "created_cache_tokens": self.created_cache_tokens if style.created_cache_tokens else None,
+                "multimodal_tokens": None,
+            }
         return {
             "prompt_tokens": self.prompt_tokens,
             "total_tokens": self.total_tokens,
             "completion_tokens": self.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+            "prompt_tokens_details": details,
+            "completion_tokens_details": None,
         }
+
+    def chunk_dict(self, style: UsageStyle) -> dict[str, object]:
+        """A stream's final usage chunk's usage: dumped with ``exclude_none``
+        (chat_completion/serving.py:499-501, completion/serving.py:544-546), so the
+        null keys are left out."""
+        usage: dict[str, object] = {
+            "prompt_tokens": self.prompt_tokens,
+            "total_tokens": self.total_tokens,
+            "completion_tokens": self.completion_tokens,
+        }
+        if style.prompt_details:
+            details: dict[str, object] = {"cached_tokens": self.cached_tokens}
+            if style.created_cache_tokens:
+                details["created_cache_tokens"] = self.created_cache_tokens
+            usage["prompt_tokens_details"] = details
+        return usage
 
 
 @attrs.frozen

@@ -11,6 +11,7 @@ import pytest
 import trio
 from trio.testing import MockClock
 
+from llmsim._version import __version__
 from llmsim.api.context import Call
 from llmsim.api.errors import ApiError
 from llmsim.api.generation import CollectingSink, build_jobs, collect, stream
@@ -69,7 +70,11 @@ async def test_stream_sends_the_head_at_once_then_each_step(autojump_clock: Mock
         started = trio.current_time()
         await stream(Call(sim.ctx, HttpRequest("POST", "/x"), response), plan, _Renderer(), ((b"x-id", b"1"),))
     assert response.status == 200
-    assert response.headers == {b"content-type": b"text/event-stream; charset=utf-8", b"x-id": b"1"}
+    assert response.headers == {
+        b"content-type": b"text/event-stream; charset=utf-8",
+        b"x-llmsim-version": __version__.encode(),
+        b"x-id": b"1",
+    }
     assert [(round(when - started, 6), data) for when, data in response.writes] == [
         (0.0, b"head;"),
         (0.1, b"0:a;"),

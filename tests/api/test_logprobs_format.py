@@ -59,12 +59,12 @@ def test_chat_stream_with_logprobs_exact_bytes() -> None:
         + CHAT_HEAD
         + b'[{"index":0,"delta":{"content":"Hello"},"logprobs":{"content":['
         + chat_entry("Hello", 0, 2)
-        + b']},"finish_reason":null,"token_ids":null}]}\n\n'
+        + b']},"finish_reason":null,"token_ids":null}],"kv_transfer_params":null}\n\n'
         + CHAT_HEAD
         + b'[{"index":0,"delta":{"content":" w\xc3\xb6rld"},"logprobs":{"content":['
         + chat_entry(" w\u00f6rld", 1, 2)
-        + b']},"finish_reason":"length","stop_reason":null,"token_ids":null}]}\n\n'
-        + DONE
+        + b']},"finish_reason":"length","stop_reason":null,"token_ids":null,"weight_versions":null}],'
+        b'"kv_transfer_params":null}\n\n' + DONE
     )
 
 
@@ -90,8 +90,8 @@ def test_chat_stream_eos_chunk_carries_the_eos_tokens_logprobs() -> None:
         CHAT_HEAD
         + b'[{"index":0,"delta":{"content":""},"logprobs":{"content":['
         + chat_entry("<|im_end|>", 1, 0)
-        + b']},"finish_reason":"stop","stop_reason":null,"token_ids":null}]}\n\n'
-        + DONE
+        + b']},"finish_reason":"stop","stop_reason":null,"token_ids":null,"weight_versions":null}],'
+        b'"kv_transfer_params":null}\n\n' + DONE
     )
 
 
@@ -104,9 +104,11 @@ def test_chat_logprobs_without_top_logprobs_list_no_alternatives() -> None:
 
 
 def completion_chunk(text: bytes, logprobs: dict[str, Any], reason: bytes = b"null") -> bytes:
+    """vllm/entrypoints/openai/completion/serving.py:437-486 (exclude_unset)."""
     return (
         TEXT_HEAD + b'[{"index":0,"text":"%s","logprobs":%s,"finish_reason":%s,"stop_reason":null,'
-        b'"prompt_token_ids":null,"token_ids":null}],"usage":null}\n\n' % (text, orjson.dumps(logprobs), reason)
+        b'"prompt_token_ids":null,"token_ids":null,"weight_versions":null}],"kv_transfer_params":null}\n\n'
+        % (text, orjson.dumps(logprobs), reason)
     )
 
 
@@ -297,8 +299,9 @@ async def test_echoed_prompts_share_logprobs_across_their_choices(autojump_clock
             "top_logprobs",
             "`top_logprobs` must be a positive value or -1. (parameter=top_logprobs, value=-2)",
         ),
-        (CHAT, chat(logprobs=1), "logprobs", "expected a boolean"),
-        (CHAT, chat(logprobs=True, top_logprobs=2.5), "top_logprobs", "expected an integer"),
+        # request validation (vllm/entrypoints/serve/exception_handling/handlers/validation.py:149-196)
+        (CHAT, chat(logprobs=2), "body.logprobs", "'type': 'bool_parsing'"),
+        (CHAT, chat(logprobs=True, top_logprobs=2.5), "body.top_logprobs", "'type': 'int_from_float'"),
         # vllm/entrypoints/openai/completion/protocol.py:586-595
         (
             COMPLETIONS,
@@ -306,7 +309,7 @@ async def test_echoed_prompts_share_logprobs_across_their_choices(autojump_clock
             "logprobs",
             "`logprobs` must be a positive value or -1. (parameter=logprobs, value=-2)",
         ),
-        (COMPLETIONS, completion(logprobs=True), "logprobs", "expected an integer"),
+        (COMPLETIONS, completion(logprobs="x"), "body.logprobs", "'type': 'int_parsing'"),
     ],
 )
 async def test_invalid_logprob_requests_are_400(

@@ -8,6 +8,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
+from llmsim._version import __version__
 from llmsim.api import sse
 from llmsim.api.errors import ApiError
 
@@ -53,4 +54,7 @@ def test_chat_error_events_are_compact() -> None:
 
 
 def test_sse_content_type() -> None:
-    assert sse.SSE_HEADERS == ((b"content-type", b"text/event-stream; charset=utf-8"),)
+    assert (
+        (b"content-type", b"text/event-stream; charset=utf-8"),
+        (b"x-llmsim-version", __version__.encode()),
+    ) == sse.SSE_HEADERS

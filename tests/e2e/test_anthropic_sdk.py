@@ -126,7 +126,7 @@ async def test_errors(client: anthropic.AsyncAnthropic) -> None:
         await client.messages.create(model="nope", max_tokens=5, messages=MESSAGES)
     assert not_found.value.body == {
         "type": "error",
-        "error": {"type": "not_found_error", "message": "The model `nope` does not exist."},
+        "error": {"type": "not_found_error", "message": "The model `nope` does not exist. Valid aliases: sim-model."},
     }
     with pytest.raises(anthropic.BadRequestError) as missing:
         # timeout given: the SDK would otherwise compute one from max_tokens

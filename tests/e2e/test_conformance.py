@@ -5,12 +5,14 @@ Each test runs four times: {native, hypercorn} x {HTTP/1.1, HTTP/2 prior knowled
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 
+from llmsim import __version__
 from llmsim.config import Config
 from llmsim.testing import open_simulator
 
@@ -50,8 +52,12 @@ async def test_health_ping_and_version(client: httpx.AsyncClient, http_version: 
         assert response.status_code == 200, (method, path)
         assert response.content == b""
         assert response.http_version == ("HTTP/2" if http_version == "http2" else "HTTP/1.1")
+        assert response.headers["x-llmsim-version"] == __version__
+    # the vLLM version simulated (--vllm-version), as vLLM's /version
+    # (vllm/entrypoints/serve/instrumentator/basic.py:53-56); llmsim's own in a header
     version = await client.get("/version")
-    assert version.status_code == 200 and isinstance(version.json()["version"], str)
+    assert version.status_code == 200 and version.json() == {"version": "0.33.0"}
+    assert version.headers["x-llmsim-version"] == __version__
     ready = await client.get("/health/ready")
     assert ready.status_code == 200
 
@@ -63,10 +69,27 @@ async def test_models_lists_every_served_name_in_vllm_shape(client: httpx.AsyncC
     assert body["object"] == "list"
     assert [card["id"] for card in body["data"]] == ["alpha", "beta"]
     for card in body["data"]:
-        assert set(card) == {"id", "object", "created", "owned_by", "root", "parent", "max_model_len"}
+        # ModelCard with one default ModelPermission (vllm/entrypoints/openai/models/serving.py:66-77,
+        # vllm/entrypoints/serve/engine/protocol.py:90-112)
+        assert list(card) == ["id", "object", "created", "owned_by", "root", "parent", "max_model_len", "permission"]
         assert card["object"] == "model" and card["owned_by"] == "vllm"
         assert card["root"] == "org/base-model" and card["parent"] is None
         assert card["max_model_len"] == 4096 and isinstance(card["created"], int)
+        (permission,) = card["permission"]
+        assert re.fullmatch(r"modelperm-[0-9a-f]{16}", permission.pop("id"))
+        assert permission == {
+            "object": "model_permission",
+            "created": card["created"],
+            "allow_create_engine": False,
+            "allow_sampling": True,
+            "allow_logprobs": True,
+            "allow_search_indices": False,
+            "allow_view": True,
+            "allow_fine_tuning": False,
+            "organization": "*",
+            "group": None,
+            "is_blocking": False,
+        }
 
 
 async def test_unknown_path_is_404(client: httpx.AsyncClient) -> None:
@@ -84,13 +107,18 @@ async def test_wrong_method_is_405_with_allow(client: httpx.AsyncClient) -> None
 async def test_malformed_json_is_400(client: httpx.AsyncClient) -> None:
     for body in (b"{not json", b"[1, 2]", b"", b'"just a string"'):
         response = await client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
-        _assert_envelope(response, 400, "BadRequestError")
+        # FastAPI's RequestValidationError as vLLM renders it
+        # (vllm/entrypoints/serve/exception_handling/handlers/validation.py:149-196)
+        error = _assert_envelope(response, 400, "Bad Request")
+        assert str(error["param"]).startswith("body")
+        assert str(error["message"]).startswith("1 validation error:\n  {")
 
 
 async def test_wrong_content_type_is_400(client: httpx.AsyncClient) -> None:
     response = await client.post("/v1/completions", content=b'{"prompt": "hi"}', headers={"content-type": "text/plain"})
-    error = _assert_envelope(response, 400, "BadRequestError")
-    assert "application/json" in str(error["message"])
+    error = _assert_envelope(response, 400, "Bad Request")  # vllm/entrypoints/serve/utils/api_utils.py:309-315
+    assert error["message"] == "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed"
+    assert error["param"] is None
 
 
 async def test_body_too_large_is_413_and_the_server_keeps_serving(client: httpx.AsyncClient) -> None:
@@ -102,16 +130,24 @@ async def test_body_too_large_is_413_and_the_server_keeps_serving(client: httpx.
 
 async def test_wrong_field_types_are_400_naming_the_field(client: httpx.AsyncClient) -> None:
     response = await client.post("/v1/chat/completions", json={"messages": "hello", "max_tokens": 3})
-    error = _assert_envelope(response, 400, "BadRequestError")
-    assert error["param"] == "messages"
+    # vllm/entrypoints/serve/exception_handling/handlers/validation.py:167-172: param is the loc
+    error = _assert_envelope(response, 400, "Bad Request")
+    assert error["param"] == "body.messages"
     response = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": "many"})
-    assert _assert_envelope(response, 400, "BadRequestError")["param"] == "max_tokens"
+    error = _assert_envelope(response, 400, "Bad Request")
+    assert (error["param"], error["message"]) == (
+        "body.max_tokens",
+        "1 validation error:\n  {'type': 'int_parsing', 'loc': 'body.max_tokens', "
+        "'msg': 'Input should be a valid integer, unable to parse string as an integer', 'input': 'many'}",
+    )
 
 
 async def test_unknown_model_is_404(client: httpx.AsyncClient) -> None:
     response = await client.post("/v1/completions", json={"model": "gamma", "prompt": "hi", "max_tokens": 2})
     error = _assert_envelope(response, 404, "NotFoundError")
-    assert error["message"] == "The model `gamma` does not exist."
+    assert (
+        error["message"] == "The model `gamma` does not exist. Valid aliases: alpha, beta."
+    )  # vllm/entrypoints/serve/engine/serving.py:75-84
     assert error["param"] == "model"
 
 

@@ -45,8 +45,9 @@ async def test_chat_non_streaming(client: openai.AsyncOpenAI) -> None:
     assert all(choice.message.role == "assistant" and choice.message.content for choice in completion.choices)
     assert completion.usage is not None
     assert completion.usage.total_tokens == completion.usage.prompt_tokens + completion.usage.completion_tokens
-    assert completion.usage.prompt_tokens_details is not None
-    assert completion.usage.prompt_tokens_details.cached_tokens == 0
+    # null without --enable-prompt-tokens-details (vllm/entrypoints/openai/chat_completion/serving.py:95-103)
+    assert completion.usage.prompt_tokens_details is None
+    assert completion.system_fingerprint is not None and completion.system_fingerprint.startswith("vllm-0.33.0-")
 
 
 async def test_chat_streaming(client: openai.AsyncOpenAI) -> None:
@@ -232,14 +233,15 @@ async def test_chat_tool_calls_streaming_and_not(client: openai.AsyncOpenAI) -> 
         finish[choice.index] = choice.finish_reason or finish.get(choice.index)
         for delta in choice.delta.tool_calls or []:
             if delta.id is not None:
-                assert delta.type == "function" and delta.function is not None and delta.function.arguments is None
-                streamed[choice.index][delta.index] = [delta.id, delta.function.name or "", ""]
+                # the first delta carries the first arguments piece (vllm/tool_parsers/streaming.py:284-296)
+                assert delta.type == "function" and delta.function is not None and delta.function.arguments
+                streamed[choice.index][delta.index] = [delta.id, delta.function.name or "", delta.function.arguments]
             else:
                 assert delta.function is not None and delta.function.name is None
                 streamed[choice.index][delta.index][2] += delta.function.arguments or ""
     for choice in completion.choices:
         assert choice.finish_reason == finish[choice.index] == "tool_calls"
-        assert choice.message.content is None
+        assert choice.message.content == ""  # required: vllm/.../chat_completion/message_assembly.py:60-61
         calls = choice.message.tool_calls or []
         assert calls and [[c.id, c.function.name, c.function.arguments] for c in calls] == list(
             streamed[choice.index].values()
@@ -271,6 +273,39 @@ async def test_chat_stream_helper_with_tools(client: openai.AsyncOpenAI) -> None
     # a forced named tool finishes "stop" (vllm/entrypoints/serve/utils/tool_calls_utils.py:41-59)
     assert final.choices[0].finish_reason == plain.choices[0].finish_reason == "stop"
     assert final.choices[0].message.role == "assistant"
+
+
+class City(pydantic.BaseModel):
+    name: str
+    population: int
+    tags: list[Literal["coastal", "capital", "alpine"]]
+
+
+async def test_chat_response_format_parses_into_the_model(client: openai.AsyncOpenAI) -> None:
+    """``response_format`` from a pydantic model (the SDK sends a strict json_schema,
+    vllm/entrypoints/generate/base/protocol.py:137-143): the answer, streamed token by
+    token or not, parses into the model; ``structured_outputs`` (vllm/sampling_params.py:102-106)
+    through ``extra_body``."""
+    parsed = await client.chat.completions.parse(model=MODEL, messages=MESSAGES, response_format=City)
+    message = parsed.choices[0].message
+    assert isinstance(message.parsed, City) and parsed.choices[0].finish_reason == "stop"
+    pieces = []
+    async with client.chat.completions.stream(model=MODEL, messages=MESSAGES, response_format=City) as stream:
+        async for event in stream:
+            if event.type == "content.delta":
+                pieces.append(event.delta)
+        final = await stream.get_final_completion()
+    assert len(pieces) > 1 and isinstance(final.choices[0].message.parsed, City)
+    assert City.model_validate_json("".join(pieces)) == final.choices[0].message.parsed
+    choice = await client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, extra_body={"structured_outputs": {"choice": ["yes", "no"]}}
+    )
+    assert choice.choices[0].message.content in ("yes", "no")
+    with pytest.raises(openai.BadRequestError) as raised:
+        await client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, extra_body={"structured_outputs": {"regex": "(unclosed"}}
+        )
+    assert raised.value.param == "structured_outputs.regex"
 
 
 async def test_chat_logprobs_parse_into_the_sdk_types(client: openai.AsyncOpenAI) -> None:

@@ -142,7 +142,7 @@ async def test_two_turn_tool_conversation(client: openai.AsyncOpenAI) -> None:
     first = await client.responses.create(model=MODEL, input="What is the weather in Paris?", tools=TOOLS)
     [call] = first.output
     assert call.type == "function_call" and call.name == "get_weather"
-    assert call.id is not None and call.id.startswith("fc_") and call.call_id.startswith("call_")
+    assert call.id is not None and call.id.startswith("fc_") and call.call_id.startswith("chatcmpl-tool-")
     jsonschema.validate(json.loads(call.arguments), WEATHER_SCHEMA)
 
     second = await client.responses.create(
@@ -222,7 +222,7 @@ async def test_structured_output_and_logprobs(client: openai.AsyncOpenAI) -> Non
 async def test_errors(client: openai.AsyncOpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as not_found:
         await client.responses.create(model="nope", input="x")
-    assert not_found.value.message.endswith("The model `nope` does not exist.")
+    assert not_found.value.message.endswith("The model `nope` does not exist. Valid aliases: sim-model.")
     with pytest.raises(openai.BadRequestError) as bad_choice:
         await client.responses.create(
             model=MODEL, input="x", tools=TOOLS, tool_choice={"type": "function", "name": "missing"}

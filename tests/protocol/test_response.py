@@ -7,6 +7,7 @@ from __future__ import annotations
 import attrs
 import pytest
 
+from llmsim._version import __version__
 from llmsim.api.http import ResponseState, ResponseStateError
 from llmsim.protocol.response import BufferedResponse
 
@@ -104,6 +105,7 @@ def test_respond_error_is_a_complete_response_in_the_envelope() -> None:
     assert stream.status == 413 and stream.state is ResponseState.ENDED
     assert stream.headers == (
         (b"content-type", b"application/json"),
+        (b"x-llmsim-version", __version__.encode()),
         (b"content-length", str(len(body)).encode()),
         (b"connection", b"close"),
     )

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from llmsim._version import __version__
+import secrets
+
 from llmsim.api.context import Call
 from llmsim.api.errors import ApiError
+from llmsim.api.http import VERSION_HEADER
 from llmsim.api.router import Router
 
 __all__ = ["register"]
 
-_EMPTY_HEADERS: tuple[tuple[bytes, bytes], ...] = ()
+_EMPTY_HEADERS: tuple[tuple[bytes, bytes], ...] = (VERSION_HEADER,)
 
 
 async def health(call: Call) -> None:
@@ -27,11 +29,17 @@ async def ready(call: Call) -> None:
 
 
 async def version(call: Call) -> None:
-    call.respond_json({"version": __version__})
+    """The vLLM version simulated (``--vllm-version``), as vLLM's /version
+    (vllm/entrypoints/serve/instrumentator/basic.py:53-56); llmsim's own version is in
+    every response's ``x-llmsim-version`` header."""
+    call.respond_json({"version": call.ctx.model.vllm_version})
 
 
 async def models(call: Call) -> None:
-    """vLLM's model cards: one per served model name, ``root`` the model path."""
+    """vLLM's model cards: one per served model name, ``root`` the model path, each
+    with one default ``ModelPermission`` (vllm/entrypoints/openai/models/serving.py:
+    66-77; vllm/entrypoints/serve/engine/protocol.py:90-112), its id
+    ``modelperm-<16 hex>`` fresh each time as vLLM's ``random_uuid()``."""
     ctx = call.ctx
     model = ctx.model
     created = int(ctx.wall_clock())
@@ -44,6 +52,22 @@ async def models(call: Call) -> None:
             "root": model.name,
             "parent": None,
             "max_model_len": model.max_model_len,
+            "permission": [
+                {
+                    "id": "modelperm-" + secrets.token_hex(8),
+                    "object": "model_permission",
+                    "created": created,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
         }
         for name in model.model_names
     ]

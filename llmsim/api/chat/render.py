@@ -1,15 +1,19 @@
 """The exact bytes of /v1/chat/completions: stream chunks and the complete response.
 
 Streams follow vLLM 0.33 (``chat_completion_stream_generator``,
-vllm/entrypoints/openai/chat_completion/serving.py:479-870) without
-``system_fingerprint``::
+vllm/entrypoints/openai/chat_completion/serving.py:479-870), each chunk dumped with
+``exclude_unset`` (serving.py:499-501): the keys vLLM passes, nulls included::
 
     data: {"id":"chatcmpl-…","object":"chat.completion.chunk","created":T,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":null,"prompt_text":null}
-    data: {…,"choices":[{"index":0,"delta":{"content":"Hello"},"logprobs":null,"finish_reason":null,"token_ids":null}]}
-    data: {…,"choices":[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"stop","stop_reason":null,"token_ids":null}]}
-    data: {…,"choices":[],"usage":{"prompt_tokens":…,"total_tokens":…,"completion_tokens":…,"prompt_tokens_details":{"cached_tokens":…}}}
+    data: {…,"choices":[{"index":0,"delta":{"content":"Hello"},"logprobs":null,"finish_reason":null,"token_ids":null}],"kv_transfer_params":null}
+    data: {…,"choices":[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"stop","stop_reason":null,"token_ids":null,"weight_versions":null}],"kv_transfer_params":null}
+    data: {…,"choices":[],"usage":{"prompt_tokens":…,"total_tokens":…,"completion_tokens":…},"system_fingerprint":"vllm-0.33.0-…"}
     data: [DONE]
 
+``system_fingerprint`` goes on the usage chunk, or without one on each choice's
+finishing chunk (serving.py:824-834); the usage chunk leaves out null keys
+(``exclude_none``), so ``prompt_tokens_details`` only with
+``--enable-prompt-tokens-details``.
 One chunk per token, and the last token's own chunk carries the ``finish_reason``
 (serving.py:796-809): on ``length`` that is the last text token; a turn the model ended
 itself ends with its EOS token (see ``llmsim.api.plan.with_eos``), whose chunk has empty
@@ -21,12 +25,13 @@ every choice follows them.  The usage chunk comes only with
 carries its choice's cumulative ``usage`` (:class:`~llmsim.api.usage.ChunkUsage`; the
 role and echo chunks count 0 tokens).  Each chunk carries one choice.
 
-A choice that calls tools streams, after the role chunks, per call one header chunk
-``"delta":{"tool_calls":[{"id":…,"type":"function","index":k,"function":{"name":…}}]}``
-(no ``arguments`` key; sent with the call's first token) and then one chunk per
-argument token, ``"delta":{"tool_calls":[{"index":k,"function":{"arguments":"…"}}]}``:
-id, type and name are never repeated, since the openai SDK's ``.stream()`` helper
-concatenates every string it sees twice.  Its EOS token's chunk has empty content.
+A choice that calls tools streams, after the role chunks, one chunk per argument
+token; a call's first one carries its id, type and name with the first arguments piece,
+``"delta":{"tool_calls":[{"id":…,"type":"function","index":k,"function":{"name":…,"arguments":"…"}}]}``,
+as vLLM's streaming parsers send it (vllm/tool_parsers/streaming.py:49-57, 284-296), the
+others ``"delta":{"tool_calls":[{"index":k,"function":{"arguments":"…"}}]}``: id, type
+and name are never repeated, since the openai SDK's ``.stream()`` helper concatenates
+every string it sees twice.  Its EOS token's chunk has empty content.
 With ``logprobs`` each token's chunk carries ``{"content":[<entry>]}`` instead of
 ``null`` (the EOS token's too).  An error after the stream began ends it with vLLM's
 ``data: {"error": …}`` and ``[DONE]``.
@@ -42,7 +47,7 @@ from llmsim.api.errors import ApiError
 from llmsim.api.logprobs_format import ChatLogprobs
 from llmsim.api.plan import Block
 from llmsim.api.sse import DONE_EVENT, chunk_head, error_events, escape, escape_uncached, json_bytes
-from llmsim.api.usage import ChunkUsage, Usage
+from llmsim.api.usage import ChunkUsage, Usage, UsageStyle
 from llmsim.engine.job import Job, JobState
 
 __all__ = ["ChatStreamRenderer", "chat_completion_body"]
@@ -53,13 +58,18 @@ _CONTENT_OPEN = b',"delta":{"content":"'
 _CONTENT_CLOSE = b'"},"logprobs":'
 _UNFINISHED = b',"finish_reason":null,"token_ids":null}]'  # a token chunk's choice, after its logprobs
 _FINISH_OPEN = b',"finish_reason":'
-_FINISH_CLOSE = b',"stop_reason":null,"token_ids":null}]'
-_END = b"}\n\n"
-_TOKEN_CLOSE = _CONTENT_CLOSE + b"null" + _UNFINISHED + _END
+_FINISH_CLOSE = b',"stop_reason":null,"token_ids":null,"weight_versions":null}]'
+_END = b"}\n\n"  # the role and echo chunks: built without kv_transfer_params (serving.py:610-619, 646-652)
+_KV_END = b',"kv_transfer_params":null}\n\n'  # a token chunk passes it, None until set (serving.py:815-823)
+_TOKEN_CLOSE = _CONTENT_CLOSE + b"null" + _UNFINISHED + _KV_END
 _CALL_OPEN = b',"delta":{"tool_calls":[{"index":'
 _ARGUMENTS_OPEN = b',"function":{"arguments":"'
+# tool_choice "required": later deltas pass name=None explicitly (vllm/tool_parsers/streaming.py:270-283)
+_NULL_NAME_ARGUMENTS_OPEN = b',"function":{"name":null,"arguments":"'
 _ARGUMENTS_CLOSE = b'"}}]},"logprobs":'
 _ECHO_CLOSE = b'"},"logprobs":null,"finish_reason":null}]'
+#: Chat's usage without --enable-prompt-tokens-details (the routes pass the server's).
+CHAT_USAGE = UsageStyle(prompt_details=False, created_cache_tokens=True)
 _FINISHED = JobState.FINISHED  # a module global: enum member lookups cost on the per-token path
 
 
@@ -70,19 +80,21 @@ def _finish_tail(job: Job) -> bytes:
 
 @attrs.frozen
 class _CallChunks:
-    """One choice's tool calls, pre-rendered: the header chunk of each call up to its
-    usage (keyed by its first token) and, per argument token, its chunk up to the
-    token's text."""
+    """One choice's tool calls, pre-rendered: per argument token, its chunk up to the
+    token's text.  A call's first token's chunk also carries its id, type and name, as
+    vLLM's streaming parsers send them with the first arguments piece
+    (vllm/tool_parsers/streaming.py:49-57 named, 284-296 required)."""
 
-    headers: dict[int, bytes]
     opens: tuple[bytes, ...]
 
     @classmethod
-    def of(cls, choice_head: bytes, calls: Sequence[Block]) -> _CallChunks:
-        headers = {}
+    def of(cls, choice_head: bytes, calls: Sequence[Block], null_names: bool = False) -> _CallChunks:
         opens: list[bytes] = []
+        arguments_open = _NULL_NAME_ARGUMENTS_OPEN if null_names else _ARGUMENTS_OPEN
         for k, call in enumerate(calls):
-            headers[call.start] = (
+            if call.stop == call.start:
+                continue
+            opens.append(
                 choice_head
                 + b',"delta":{"tool_calls":[{"id":'
                 + json_bytes(call.call_id)
@@ -90,11 +102,10 @@ class _CallChunks:
                 + str(k).encode()
                 + b',"function":{"name":'
                 + json_bytes(call.name)
-                + b'}}]},"logprobs":null'
-                + _UNFINISHED
+                + b',"arguments":"'
             )
-            opens.extend([choice_head + _CALL_OPEN + str(k).encode() + _ARGUMENTS_OPEN] * (call.stop - call.start))
-        return cls(headers, tuple(opens))
+            opens.extend([choice_head + _CALL_OPEN + str(k).encode() + arguments_open] * (call.stop - call.start - 1))
+        return cls(tuple(opens))
 
 
 class ChatStreamRenderer:
@@ -103,6 +114,9 @@ class ChatStreamRenderer:
     ``tool_calls[i]`` are the calls choice ``i`` makes (its output pieces are their
     arguments; empty: the choice answers with text); ``logprobs`` adds each token's
     logprobs to its chunk; ``chunk_usage`` puts the cumulative usage on every chunk.
+    Under ``tool_choice: "required"`` (``required_tool_choice``) a call's later
+    argument deltas say ``"name":null``, as vLLM's required parser passes it
+    (vllm/tool_parsers/streaming.py:270-283).
     """
 
     def __init__(
@@ -115,8 +129,11 @@ class ChatStreamRenderer:
         include_usage: bool,
         echo: str | None = None,
         tool_calls: Sequence[Sequence[Block]] | None = None,
+        required_tool_choice: bool = False,
         logprobs: ChatLogprobs | None = None,
         chunk_usage: ChunkUsage | None = None,
+        fingerprint: str | None = None,
+        usage_style: UsageStyle = CHAT_USAGE,
     ) -> None:
         head = chunk_head(response_id, b'"chat.completion.chunk"', created, model)
         # One plain loop, not a comprehension per list: this runs once per request.
@@ -130,9 +147,14 @@ class ChatStreamRenderer:
             self._token_joiners.append(_TOKEN_CLOSE + choice_head + _CONTENT_OPEN)
         self._usage_head = head + b'"choices":[],"usage":'
         self._include_usage = include_usage
+        self._usage_style = usage_style
+        # The fingerprint goes on the usage chunk, or else on each choice's finishing
+        # chunk (serving.py:824-834, 903-912); every finishing chunk ends with it.
+        self._fingerprint = b"" if fingerprint is None else b',"system_fingerprint":' + json_bytes(fingerprint)
+        self._finish_end = (self._fingerprint if not include_usage else b"") + _KV_END
         self._opening = self._opening_chunks(None if echo is None else escape_uncached(echo), chunk_usage)
         self._opened = False
-        self._calls = None if tool_calls is None else self._call_chunks(tool_calls)
+        self._calls = None if tool_calls is None else self._call_chunks(tool_calls, required_tool_choice)
         self._logprobs = logprobs
         self._chunk_usage = chunk_usage
         # Every chunk a bare text token: the per-token fast path.
@@ -147,10 +169,10 @@ class ChatStreamRenderer:
             chunks.extend(token_open + echo + _ECHO_CLOSE + usage + _END for token_open in self._token_opens)
         return b"".join(chunks)
 
-    def _call_chunks(self, tool_calls: Sequence[Sequence[Block]]) -> list[_CallChunks | None]:
+    def _call_chunks(self, tool_calls: Sequence[Sequence[Block]], null_names: bool) -> list[_CallChunks | None]:
         """Per choice, its pre-rendered tool-call chunks (None: it answers with text)."""
         return [
-            _CallChunks.of(choice_head, calls) if calls else None
+            _CallChunks.of(choice_head, calls, null_names) if calls else None
             for choice_head, calls in zip(self._choice_heads, tool_calls, strict=True)
         ]
 
@@ -178,7 +200,7 @@ class ChatStreamRenderer:
                 return b""
             return self._token_opens[index] + self._token_joiners[index].join(pieces) + _TOKEN_CLOSE
         body = self._token_joiners[index].join(pieces)
-        return self._token_opens[index] + body + _CONTENT_CLOSE + b"null" + _finish_tail(job) + _END
+        return self._token_opens[index] + body + _CONTENT_CLOSE + b"null" + _finish_tail(job) + self._finish_end
 
     def _chunks(self, job: Job, start: int, stop: int) -> bytes:
         """One chunk per token, with tool-call deltas, logprobs and usage as asked."""
@@ -186,7 +208,7 @@ class ChatStreamRenderer:
         finished = job.state is _FINISHED
         if finished and stop == start:  # an empty plan: only its finish chunk
             usage = b"" if self._chunk_usage is None else self._chunk_usage.render(0)
-            return self._token_opens[index] + _CONTENT_CLOSE + b"null" + _finish_tail(job) + usage + _END
+            return self._token_opens[index] + _CONTENT_CLOSE + b"null" + _finish_tail(job) + usage + self._finish_end
         calls = None if self._calls is None else self._calls[index]
         arguments = 0 if calls is None else len(calls.opens)  # later positions: the EOS token
         logprobs, chunk_usage = self._logprobs, self._chunk_usage
@@ -195,14 +217,12 @@ class ChatStreamRenderer:
         for position in range(start, stop):
             piece = escape(job.output[position])
             values = b"null" if logprobs is None else logprobs.token_bytes(job, position)
-            end = _END if chunk_usage is None else chunk_usage.render(position + 1) + _END
-            close = (_finish_tail(job) if position == last else _UNFINISHED) + end
+            usage = b"" if chunk_usage is None else chunk_usage.render(position + 1)
+            end = usage + _KV_END
+            close = _finish_tail(job) + usage + self._finish_end if position == last else _UNFINISHED + end
             if calls is None or position >= arguments:
                 chunks.append(self._token_opens[index] + piece + _CONTENT_CLOSE + values + close)
                 continue
-            header = calls.headers.get(position)
-            if header is not None:  # vLLM's one chunk for the call's first token, as two
-                chunks.append(header + end)
             chunks.append(calls.opens[position] + piece + _ARGUMENTS_CLOSE + values + close)
         return b"".join(chunks)
 
@@ -210,8 +230,8 @@ class ChatStreamRenderer:
         """After the last choice finished: the usage chunk if asked for, then [DONE]."""
         if not self._include_usage:
             return DONE_EVENT
-        usage = Usage.of(jobs, choices_per_prompt=len(self._choice_heads))
-        return self._usage_head + json_bytes(usage.as_dict()) + b"}\n\n" + DONE_EVENT
+        usage = Usage.of(jobs, choices_per_prompt=len(self._choice_heads)).chunk_dict(self._usage_style)
+        return self._usage_head + json_bytes(usage) + self._fingerprint + b"}\n\n" + DONE_EVENT
 
     def error(self, error: ApiError) -> bytes:
         return error_events(error, compact=True)
@@ -226,21 +246,28 @@ def chat_completion_body(
     echo: str | None = None,
     tool_calls: Sequence[Sequence[Block]] | None = None,
     logprobs: ChatLogprobs | None = None,
+    fingerprint: str | None = None,
+    usage_style: UsageStyle = CHAT_USAGE,
+    forced_tool_calls: bool = False,
 ) -> bytes:
-    """The non-streaming response, in vLLM 0.26's shape (every field, nulls included).
+    """The non-streaming response: vLLM's ``ChatCompletionResponse`` dumped whole
+    (vllm/entrypoints/openai/chat_completion/protocol.py:113-164, api_router.py:113).
 
     A choice with tool calls has ``content`` null (or just the echoed prefix) and its
-    calls in ``tool_calls``, between ``function_call`` and ``reasoning``.
+    calls in ``tool_calls``, between ``function_call`` and ``reasoning``; under a named
+    or ``required`` tool_choice (``forced_tool_calls``) that content is ``""``, not null
+    (vllm/entrypoints/openai/chat_completion/message_assembly.py:60-61, 105-109).
     """
     choices = [
         {
             "index": job.index,
-            "message": _message(job, echo, tool_calls[job.index] if tool_calls else ()),
+            "message": _message(job, echo, tool_calls[job.index] if tool_calls else (), forced_tool_calls),
             "logprobs": None if logprobs is None else logprobs.of(job),
             "finish_reason": job.finish_reason,
             "stop_reason": None,
             "token_ids": None,
             "routed_experts": None,
+            "weight_versions": None,
         }
         for job in sorted(jobs, key=lambda job: job.index)
     ]
@@ -252,8 +279,8 @@ def chat_completion_body(
             "model": model,
             "choices": choices,
             "service_tier": None,
-            "system_fingerprint": None,
-            "usage": Usage.of(jobs, choices_per_prompt=len(jobs)).as_dict(),
+            "system_fingerprint": fingerprint,
+            "usage": Usage.of(jobs, choices_per_prompt=len(jobs)).body_dict(usage_style),
             "prompt_logprobs": None,
             "prompt_token_ids": None,
             "prompt_text": None,
@@ -264,11 +291,11 @@ def chat_completion_body(
     )
 
 
-def _message(job: Job, echo: str | None, calls: Sequence[Block]) -> dict[str, object]:
+def _message(job: Job, echo: str | None, calls: Sequence[Block], forced: bool) -> dict[str, object]:
     prefix = echo or ""
     message: dict[str, object] = {
         "role": "assistant",
-        "content": (prefix or None) if calls else prefix + "".join(job.output),
+        "content": (prefix if forced else prefix or None) if calls else prefix + "".join(job.output),
         "refusal": None,
         "annotations": None,
         "audio": None,

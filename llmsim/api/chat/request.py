@@ -24,6 +24,7 @@ from llmsim.api.errors import ApiError, validation_error
 from llmsim.api.prompts import MEDIA, prompt_ids, tool_call_text, tools_turn
 from llmsim.api.request_fields import GenerationParams, InputAudio, MediaUrl, check_generation_params
 from llmsim.api.structure import FieldTypeError, converter, structure
+from llmsim.api.structured import ResponseFormat, StructuredOutputsParams
 from llmsim.model.tokenizer import ChatTurn, Tokenizer
 from llmsim.model.tools import NamedToolChoice, ToolChoice
 
@@ -108,6 +109,8 @@ class ChatCompletionRequest(GenerationParams):
     parallel_tool_calls: bool | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None  # vllm/entrypoints/openai/chat_completion/protocol.py:252
+    structured_outputs: StructuredOutputsParams | None = None  # ibid. :397
 
     @property
     def effective_tool_choice(self) -> ToolChoice:

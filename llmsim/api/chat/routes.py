@@ -16,11 +16,20 @@ from llmsim.api.errors import JSON_HEADERS
 from llmsim.api.generation import RequestIdentity, check_job_count, collect, stream
 from llmsim.api.logprobs_format import ChatLogprobs, choice_seed
 from llmsim.api.logprobs_limit import checked_logprobs
-from llmsim.api.plan import GenerationPlan, PromptPlan, TurnPlan, check_min_tokens, output_cap, plan_text_choices
+from llmsim.api.plan import (
+    GenerationPlan,
+    PromptPlan,
+    StructuredOutput,
+    TurnPlan,
+    check_min_tokens,
+    output_cap,
+    plan_text_choices,
+)
 from llmsim.api.prompts import check_context_length
 from llmsim.api.router import Router
-from llmsim.api.usage import ChunkUsage
-from llmsim.model.tools import ToolSpec
+from llmsim.api.structured import structured_output
+from llmsim.api.usage import ChunkUsage, UsageStyle
+from llmsim.model.tools import NamedToolChoice, ToolSpec
 
 __all__ = ["chat_completions", "register"]
 
@@ -29,6 +38,11 @@ async def chat_completions(call: Call) -> None:
     ctx = call.ctx
     request = parse_chat_request(call.json())
     tools = tool_specs(request.tools)
+    structured = structured_output(
+        request.response_format,
+        request.structured_outputs,
+        named_tool_choice=isinstance(request.tool_choice, NamedToolChoice),
+    )
     model = ctx.resolve_model(request.model)
     check_job_count(ctx, request.choices_per_prompt)
     prompt_ids = chat_prompt_ids(ctx.tokenizer, request.messages, request.tools)
@@ -38,10 +52,12 @@ async def chat_completions(call: Call) -> None:
     )
     cap = output_cap(ctx, len(prompt_ids), max_tokens)
     check_min_tokens(request.min_tokens or 0, cap)
-    identity = RequestIdentity.of(call, "chatcmpl-")
+    identity = RequestIdentity.of(call, "chatcmpl-", request.request_id)
     echo_text = last_user_text(request.messages)
     calling = bool(tools) and request.effective_tool_choice != "none"
-    turns = _plan_turns(ctx, request, tools if calling else [], identity.request_id, len(prompt_ids), echo_text)
+    turns = _plan_turns(
+        ctx, request, tools if calling else [], identity.request_id, len(prompt_ids), echo_text, structured
+    )
     plan = GenerationPlan(
         identity.request_id,
         (PromptPlan(prompt_ids, cap),),
@@ -56,6 +72,7 @@ async def chat_completions(call: Call) -> None:
         logprobs = ChatLogprobs(top_logprobs, seeds, ctx.text.eos)
     created = int(ctx.wall_clock())
     echo = assistant_echo(request.messages) if request.echo else None
+    usage_style = UsageStyle(prompt_details=ctx.model.enable_prompt_tokens_details, created_cache_tokens=True)
     if request.streaming:
         renderer = ChatStreamRenderer(
             response_id=identity.response_id,
@@ -65,8 +82,11 @@ async def chat_completions(call: Call) -> None:
             include_usage=request.include_usage,
             echo=echo,
             tool_calls=tool_calls,
+            required_tool_choice=calling and request.effective_tool_choice == "required",
             logprobs=logprobs,
             chunk_usage=ChunkUsage(len(prompt_ids), with_details=True) if request.continuous_usage else None,
+            fingerprint=ctx.model.system_fingerprint,
+            usage_style=usage_style,
         )
         await stream(call, plan, renderer, identity.headers, refusal=refusal)
         return
@@ -79,6 +99,9 @@ async def chat_completions(call: Call) -> None:
         echo=echo,
         tool_calls=tool_calls,
         logprobs=logprobs,
+        fingerprint=ctx.model.system_fingerprint,
+        usage_style=usage_style,
+        forced_tool_calls=calling and request.effective_tool_choice != "auto",
     )
     call.respond(200, body, (*JSON_HEADERS, *identity.headers))
 
@@ -90,8 +113,10 @@ def _plan_turns(
     request_id: str,
     prompt_tokens: int,
     echo_text: str,
+    structured: StructuredOutput | None,
 ) -> list[TurnPlan]:
-    """What each choice says: tool calls or text when ``tools`` may be called, else text."""
+    """What each choice says: tool calls or text when ``tools`` may be called, else
+    text; text under ``structured`` satisfies it."""
     max_tokens = request.requested_max_tokens
     ignore_eos = bool(request.ignore_eos)
     min_tokens = request.min_tokens or 0
@@ -104,6 +129,7 @@ def _plan_turns(
             max_tokens=max_tokens,
             ignore_eos=ignore_eos,
             min_tokens=min_tokens,
+            structured=structured,
         )
     return plan_choices(
         ctx,
@@ -117,6 +143,7 @@ def _plan_turns(
         ignore_eos=ignore_eos,
         echo_text=echo_text,
         min_tokens=min_tokens,
+        structured=structured,
     )
 
 

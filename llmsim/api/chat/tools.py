@@ -23,7 +23,14 @@ import attrs
 from llmsim.api.chat.request import ChatTool
 from llmsim.api.context import ApiContext
 from llmsim.api.errors import ApiError
-from llmsim.api.plan import TurnPlan, output_cap, plan_text, plan_tool_calls, with_eos
+from llmsim.api.plan import (
+    StructuredOutput,
+    TurnPlan,
+    output_cap,
+    plan_answer,
+    plan_tool_calls,
+    with_eos,
+)
 from llmsim.api.tool_support import planning_errors
 from llmsim.model.text import FinishReason
 from llmsim.model.tools import NamedToolChoice, ToolChoice, ToolSchemaError, ToolSpec
@@ -46,8 +53,10 @@ def tool_specs(tools: Sequence[ChatTool] | None) -> list[ToolSpec]:
 
 
 def tool_call_id(rng: random.Random) -> str:
-    """``chatcmpl-tool-`` and 32 hex digits, as vLLM's ``make_tool_call_id``."""
-    return f"chatcmpl-tool-{rng.getrandbits(128):032x}"
+    """``chatcmpl-tool-`` and 16 hex digits, as vLLM's ``make_tool_call_id``
+    (vllm/renderers/chat_utils/tool_call.py:27-32: ``random_uuid()``, the low 64 bits
+    of a uuid4 as 16 hex digits, vllm/utils/__init__.py:11-12)."""
+    return f"chatcmpl-tool-{rng.getrandbits(64):016x}"
 
 
 def plan_choices(
@@ -63,9 +72,11 @@ def plan_choices(
     ignore_eos: bool,
     echo_text: str,
     min_tokens: int = 0,
+    structured: StructuredOutput | None = None,
 ) -> list[TurnPlan]:
     """What each choice says: its tool calls (at most one without
-    ``parallel_tool_calls``), or text when the planner chose none."""
+    ``parallel_tool_calls``), or text when the planner chose none (satisfying
+    ``structured`` when given)."""
     options = ctx.tool_calls
     cap = output_cap(ctx, prompt_tokens, max_tokens)
     named = isinstance(choice, NamedToolChoice)
@@ -79,11 +90,13 @@ def plan_choices(
             if named and turn.finish_reason == FinishReason.TOOL_CALLS:
                 turn = attrs.evolve(turn, finish_reason=FinishReason.STOP)
         else:
-            turn = plan_text(
+            turn = plan_answer(
                 ctx,
                 rng,
+                structured,
                 prompt_tokens=prompt_tokens,
                 max_tokens=max_tokens,
+                cap=cap,
                 ignore_eos=ignore_eos,
                 echo_text=echo_text,
                 min_tokens=min_tokens,

@@ -1,11 +1,12 @@
 """The exact bytes of /v1/completions: stream chunks and the complete response.
 
 Streams follow vLLM 0.33 (``completion_stream_generator``,
-vllm/entrypoints/openai/completion/serving.py:299-558), keeping the older captures'
-``"usage":null``: there is no role chunk, one chunk per token, and ``finish_reason``
-rides on the chunk of the last token::
+vllm/entrypoints/openai/completion/serving.py:299-558), each chunk dumped with
+``exclude_unset`` (serving.py:486), so no ``usage`` key unless asked for: there is no
+role chunk, one chunk per token, and ``finish_reason`` rides on the chunk of the last
+token, with ``system_fingerprint`` when no usage chunk follows (serving.py:467-476)::
 
-    data: {"id":"cmpl-…","object":"text_completion","created":T,"model":"m","choices":[{"index":0,"text":" and","logprobs":null,"finish_reason":"length","stop_reason":null,"prompt_token_ids":null,"token_ids":null}],"usage":null}
+    data: {"id":"cmpl-…","object":"text_completion","created":T,"model":"m","choices":[{"index":0,"text":" and","logprobs":null,"finish_reason":"length","stop_reason":null,"prompt_token_ids":null,"token_ids":null,"weight_versions":null}],"system_fingerprint":"vllm-0.33.0-…","kv_transfer_params":null}
 
 A turn the model ended itself ends with its EOS token (see
 ``llmsim.api.plan.with_eos``), whose chunk has empty ``text`` and ``"stop"``, one
@@ -28,7 +29,7 @@ from collections.abc import Sequence
 from llmsim.api.errors import ApiError
 from llmsim.api.logprobs_format import CompletionLogprobs
 from llmsim.api.sse import DONE_EVENT, chunk_head, error_events, escape, escape_uncached, json_bytes
-from llmsim.api.usage import ChunkUsage, Usage
+from llmsim.api.usage import ChunkUsage, Usage, UsageStyle
 from llmsim.engine.job import Job, JobState
 
 __all__ = ["CompletionStreamRenderer", "completion_body"]
@@ -37,10 +38,13 @@ _TEXT_OPEN = b',"text":"'
 _LOGPROBS_KEY = b'","logprobs":'
 _REASON_KEY = b',"finish_reason":'
 _UNFINISHED = _REASON_KEY + b"null"
-_CHOICE_CLOSE = b',"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]'
-_NO_USAGE = b',"usage":null'
-_END = b"}\n\n"
-_TOKEN_CLOSE = _LOGPROBS_KEY + b"null" + _UNFINISHED + _CHOICE_CLOSE + _NO_USAGE + _END
+# A chunk's choice passes every field (serving.py:437-462) and the chunk is dumped with
+# exclude_unset (serving.py:486): no "usage" key unless set, kv_transfer_params always.
+_CHOICE_CLOSE = b',"stop_reason":null,"prompt_token_ids":null,"token_ids":null,"weight_versions":null}]'
+_KV_END = b',"kv_transfer_params":null}\n\n'
+_TOKEN_CLOSE = _LOGPROBS_KEY + b"null" + _UNFINISHED + _CHOICE_CLOSE + _KV_END
+#: Completions' usage without --enable-prompt-tokens-details (the routes pass the server's).
+COMPLETION_USAGE = UsageStyle(prompt_details=False, created_cache_tokens=False)
 _FINISHED = JobState.FINISHED  # a module global: enum member lookups cost on the per-token path
 
 
@@ -65,6 +69,8 @@ class CompletionStreamRenderer:
         prompt_only: bool = False,
         logprobs: CompletionLogprobs | None = None,
         chunk_usages: Sequence[ChunkUsage] | None = None,
+        fingerprint: str | None = None,
+        usage_style: UsageStyle = COMPLETION_USAGE,
     ) -> None:
         head = chunk_head(response_id, b'"text_completion"', created, model)
         # One plain loop, not a comprehension per list: this runs once per request.
@@ -77,6 +83,11 @@ class CompletionStreamRenderer:
         self._usage_head = head + b'"choices":[],"usage":'
         self._choices_per_prompt = choices_per_prompt
         self._include_usage = include_usage
+        self._usage_style = usage_style
+        # The fingerprint goes on the usage chunk, or else on each choice's finishing
+        # chunk (serving.py:467-476, 535-546).
+        self._fingerprint = b"" if fingerprint is None else b',"system_fingerprint":' + json_bytes(fingerprint)
+        self._finish_end = (self._fingerprint if not include_usage else b"") + _KV_END
         self._echo_prompts = None if echo_prompts is None else [escape_uncached(text) for text in echo_prompts]
         self._prompt_only = prompt_only
         self._logprobs = logprobs
@@ -105,7 +116,7 @@ class CompletionStreamRenderer:
             texts = [b""]
         if not self._plain:
             return self._chunks(job, start, stop, texts, finished)
-        close = _LOGPROBS_KEY + b"null" + _finish_close(job) + _NO_USAGE + _END if finished else _TOKEN_CLOSE
+        close = _LOGPROBS_KEY + b"null" + _finish_close(job) + self._finish_end if finished else _TOKEN_CLOSE
         return self._text_opens[index] + self._text_joiners[index].join(texts) + close
 
     def _chunks(self, job: Job, start: int, stop: int, texts: list[bytes], finished: bool) -> bytes:
@@ -117,8 +128,12 @@ class CompletionStreamRenderer:
         for k, text in enumerate(texts):
             position = start + k
             values = b"null" if logprobs is None else logprobs.chunk_bytes(job, position, min(position + 1, stop))
-            reason = _finish_close(job) if finished and k == last else _UNFINISHED + _CHOICE_CLOSE
-            chunks.append(self._chunk(job, text, values, reason, min(position + 1, stop)))
+            if finished and k == last:
+                chunks.append(
+                    self._chunk(job, text, values, _finish_close(job), min(position + 1, stop), self._finish_end)
+                )
+            else:
+                chunks.append(self._chunk(job, text, values, _UNFINISHED + _CHOICE_CLOSE, min(position + 1, stop)))
         return b"".join(chunks)
 
     def _prompt_chunk(self, job: Job) -> bytes:
@@ -127,21 +142,21 @@ class CompletionStreamRenderer:
         assert self._echo_prompts is not None  # prompt_only comes with echo
         prompt = self._echo_prompts[job.index // self._choices_per_prompt]
         values = b"null" if self._logprobs is None else self._logprobs.chunk_bytes(job, 0, 0)
-        return self._chunk(job, prompt, values, _finish_close(job), job.emitted)
+        return self._chunk(job, prompt, values, _finish_close(job), job.emitted, self._finish_end)
 
-    def _chunk(self, job: Job, text: bytes, values: bytes, reason: bytes, tokens: int) -> bytes:
+    def _chunk(self, job: Job, text: bytes, values: bytes, reason: bytes, tokens: int, end: bytes = _KV_END) -> bytes:
         """One chunk: ``text``, its logprobs ``values``, the finish ``reason`` and the
-        rest of the choice, and the usage after ``tokens`` tokens of the choice."""
+        rest of the choice, the usage after ``tokens`` tokens of the choice, ``end``."""
         usages = self._chunk_usages
-        usage = _NO_USAGE if usages is None else usages[job.index // self._choices_per_prompt].render(tokens)
-        return self._text_opens[job.index] + text + _LOGPROBS_KEY + values + reason + usage + _END
+        usage = b"" if usages is None else usages[job.index // self._choices_per_prompt].render(tokens)
+        return self._text_opens[job.index] + text + _LOGPROBS_KEY + values + reason + usage + end
 
     def tail(self, jobs: Sequence[Job]) -> bytes:
         """After the last choice finished: the usage chunk if asked for, then [DONE]."""
         if not self._include_usage:
             return DONE_EVENT
-        usage = Usage.of(jobs, self._choices_per_prompt)
-        return self._usage_head + json_bytes(usage.as_dict()) + b"}\n\n" + DONE_EVENT
+        usage = Usage.of(jobs, self._choices_per_prompt).chunk_dict(self._usage_style)
+        return self._usage_head + json_bytes(usage) + self._fingerprint + b"}\n\n" + DONE_EVENT
 
     def error(self, error: ApiError) -> bytes:
         return error_events(error)
@@ -162,8 +177,11 @@ def completion_body(
     echo_prompts: Sequence[str] | None = None,
     prompt_only: bool = False,
     logprobs: CompletionLogprobs | None = None,
+    fingerprint: str | None = None,
+    usage_style: UsageStyle = COMPLETION_USAGE,
 ) -> bytes:
-    """The non-streaming response, in vLLM 0.23's shape (every field, nulls included).
+    """The non-streaming response: vLLM's ``CompletionResponse`` dumped whole
+    (vllm/entrypoints/openai/completion/protocol.py:674-725, serving.py:704-714).
     With ``prompt_only`` (``echo`` with ``max_tokens: 0``) each choice's text is its
     prompt alone, though usage counts the token generated (serving.py:590-597, 653)."""
 
@@ -184,6 +202,7 @@ def completion_body(
             "prompt_logprobs": None,
             "prompt_token_ids": None,
             "routed_experts": None,
+            "weight_versions": None,
         }
         for job in sorted(jobs, key=lambda job: job.index)
     ]
@@ -195,8 +214,10 @@ def completion_body(
             "model": model,
             "choices": choices,
             "service_tier": None,
-            "system_fingerprint": None,
-            "usage": Usage.of(jobs, choices_per_prompt).as_dict(),
+            "system_fingerprint": fingerprint,
+            "usage": Usage.of(jobs, choices_per_prompt).body_dict(usage_style),
             "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
         }
     )

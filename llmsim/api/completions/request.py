@@ -13,9 +13,10 @@ from typing import Any
 
 import attrs
 
-from llmsim.api.errors import validation_error
+from llmsim.api.errors import ApiError, validation_error
 from llmsim.api.request_fields import GenerationParams, Prompt, check_generation_params
 from llmsim.api.structure import structure
+from llmsim.api.structured import ResponseFormat, StructuredOutputsParams
 
 __all__ = ["COMPLETIONS_DEFAULT_MAX_TOKENS", "CompletionRequest", "parse_completion_request"]
 
@@ -27,6 +28,9 @@ class CompletionRequest(GenerationParams):
     prompt: Prompt
     max_tokens: int | None = COMPLETIONS_DEFAULT_MAX_TOKENS
     logprobs: int | None = None
+    response_format: ResponseFormat | None = None  # vllm/entrypoints/openai/completion/protocol.py:125
+    structured_outputs: StructuredOutputsParams | None = None  # ibid. :133
+    suffix: str | None = None  # refused: the simulated model has no FIM rendering
 
     @property
     def echo_without_generation(self) -> bool:
@@ -38,6 +42,8 @@ class CompletionRequest(GenerationParams):
 
 def parse_completion_request(body: dict[str, Any]) -> CompletionRequest:
     request = structure(body, CompletionRequest)
+    if request.suffix is not None:
+        raise _suffix_error(request)
     check_generation_params(request)
     # vllm/entrypoints/openai/completion/protocol.py:586-595; the cap (--max-logprobs)
     # is checked as the engine takes the request (api/logprobs_limit.py)
@@ -45,3 +51,14 @@ def parse_completion_request(body: dict[str, Any]) -> CompletionRequest:
     if logprobs is not None and logprobs < -1:
         raise validation_error("`logprobs` must be a positive value or -1.", parameter="logprobs", value=logprobs)
     return request
+
+
+def _suffix_error(request: CompletionRequest) -> ApiError:
+    """vLLM's 400 for ``suffix`` on a model without fill-in-the-middle rendering
+    (vllm/renderers/online_renderer.py:614-664; ``create_error_response``, so no
+    `` (parameter=…)`` text)."""
+    if request.echo:
+        return ApiError(400, "Echo is unsupported with suffix.", param="suffix")
+    if isinstance(request.prompt, str) or (request.prompt and isinstance(request.prompt[0], str)):
+        return ApiError(400, "suffix is only supported for models with FIM completion rendering", param="suffix")
+    return ApiError(400, "suffix requires text prompt input for FIM completion rendering", param="suffix")

@@ -12,7 +12,8 @@ from llmsim.api.logprobs_limit import checked_logprobs
 from llmsim.api.plan import GenerationPlan, PromptPlan, check_min_tokens, output_cap, plan_text_choices
 from llmsim.api.prompts import CompletionPrompt, check_context_length, completion_prompts
 from llmsim.api.router import Router
-from llmsim.api.usage import ChunkUsage
+from llmsim.api.structured import structured_output
+from llmsim.api.usage import ChunkUsage, UsageStyle
 
 __all__ = ["completions", "register"]
 
@@ -21,6 +22,9 @@ async def completions(call: Call) -> None:
     ctx = call.ctx
     request = parse_completion_request(call.json())
     model = ctx.resolve_model(request.model)
+    structured = structured_output(
+        request.response_format, request.structured_outputs, count_param="structured_outputs"
+    )
     prompts = completion_prompts(request.prompt, ctx.tokenizer)
     check_job_count(ctx, len(prompts) * request.choices_per_prompt)
     max_tokens = request.requested_max_tokens
@@ -32,7 +36,7 @@ async def completions(call: Call) -> None:
     caps = [output_cap(ctx, len(prompt.token_ids), max_tokens) for prompt in prompts]
     for cap in caps:
         check_min_tokens(request.min_tokens or 0, cap)
-    identity = RequestIdentity.of(call, "cmpl-")
+    identity = RequestIdentity.of(call, "cmpl-", request.request_id)
     n = request.choices_per_prompt
     turns = plan_text_choices(
         ctx,
@@ -42,6 +46,7 @@ async def completions(call: Call) -> None:
         max_tokens=max_tokens,
         ignore_eos=bool(request.ignore_eos),
         min_tokens=request.min_tokens or 0,
+        structured=structured,
     )
     plan = GenerationPlan(
         identity.request_id,
@@ -52,6 +57,7 @@ async def completions(call: Call) -> None:
     created = int(ctx.wall_clock())
     echo_prompts = [prompt.text for prompt in prompts] if request.echo else None
     logprobs, refusal = _logprobs(ctx, request, prompts, identity.request_id, len(turns))
+    usage_style = UsageStyle(prompt_details=ctx.model.enable_prompt_tokens_details, created_cache_tokens=False)
     if request.streaming:
         renderer = CompletionStreamRenderer(
             response_id=identity.response_id,
@@ -66,6 +72,8 @@ async def completions(call: Call) -> None:
             chunk_usages=[ChunkUsage(len(prompt.token_ids), with_details=False) for prompt in prompts]
             if request.continuous_usage
             else None,
+            fingerprint=ctx.model.system_fingerprint,
+            usage_style=usage_style,
         )
         await stream(call, plan, renderer, identity.headers, refusal=refusal)
         return
@@ -79,6 +87,8 @@ async def completions(call: Call) -> None:
         echo_prompts=echo_prompts,
         prompt_only=prompt_only,
         logprobs=logprobs,
+        fingerprint=ctx.model.system_fingerprint,
+        usage_style=usage_style,
     )
     call.respond(200, body, (*JSON_HEADERS, *identity.headers))
 

@@ -81,13 +81,16 @@ async def create_message(call: Call) -> None:
 
 
 async def count_tokens(call: Call) -> None:
-    """``{"input_tokens": N}``: the prompt a /v1/messages request with this body would have."""
+    """``{"input_tokens": N, "context_management": {"original_input_tokens": N}}``: the
+    prompt a /v1/messages request with this body would have, in vLLM's body
+    (vllm/entrypoints/anthropic/serving.py:1249-1282; nothing is trimmed, so both agree)."""
     ctx = call.ctx
     request = parse_messages_request(call.json(), need_max_tokens=False)
     ctx.resolve_model(request.model)
     tools = function_tools(request.tools)
     tool_choice_of(request.tool_choice, tools)
-    call.respond_json({"input_tokens": len(prompt_ids(ctx.tokenizer, conversation_turns(request, tools)))})
+    count = len(prompt_ids(ctx.tokenizer, conversation_turns(request, tools)))
+    call.respond_json({"input_tokens": count, "context_management": {"original_input_tokens": count}})
 
 
 def register(router: Router) -> None:

@@ -28,11 +28,13 @@ is planned, before it is submitted.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import random
+from collections.abc import Sequence
 
 import attrs
 import orjson
 
+from llmsim.api.chat.tools import tool_call_id
 from llmsim.api.errors import ApiError
 from llmsim.api.plan import TEXT, Block, TurnPlan
 from llmsim.api.sse import escape, event_bytes, json_bytes
@@ -64,21 +66,22 @@ class ResponseShell:
     created_at: int
     model: str
     instructions: str | None = None
-    max_output_tokens: int | None = None
+    max_output_tokens: int  # the output cap the engine got (vLLM's sampling_params.max_tokens)
     previous_response_id: str | None = None
     tool_choice: object = "auto"
     tools: Sequence[object] = ()
-    text: dict[str, object] = attrs.field(factory=lambda: {"format": {"type": "text"}})
-    top_logprobs: int | None = None
+    text: dict[str, object] | None = None  # the request's own ``text``, null when it sends none
+    top_logprobs: int | None = None  # the engine's logprobs: null unless include asks for them
     parallel_tool_calls: bool = True
     temperature: float | None = None
     top_p: float | None = None
     metadata: object = None
     user: str | None = None
-    store: bool = True
     truncation: str | None = "disabled"
     service_tier: str | None = "auto"
     max_tool_calls: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def response(
         self,
@@ -86,14 +89,16 @@ class ResponseShell:
         status: str,
         output: Sequence[object] = (),
         usage: object = None,
-        completed_at: int | None = None,
     ) -> dict[str, object]:
-        """The response object, in the openai ``Response`` field order vLLM dumps."""
+        """The response object: vLLM's ``ResponsesResponse``, every field in its order
+        (``model_dump``, nulls kept; ``metrics`` left out when null), as ``from_request``
+        fills it (vllm/entrypoints/openai/responses/protocol.py:870-1033): no ``error``,
+        ``completed_at`` or ``store``; ``temperature``, ``top_p`` and the penalties the
+        sampling values; ``top_logprobs`` the engine's logprobs, null unless asked."""
         incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
         return {
             "id": self.response_id,
             "created_at": self.created_at,
-            "error": None,
             "incomplete_details": incomplete,
             "instructions": self.instructions,
             "metadata": self.metadata,
@@ -106,35 +111,45 @@ class ResponseShell:
             "tools": list(self.tools),
             "top_p": 1.0 if self.top_p is None else self.top_p,
             "background": False,
-            "completed_at": completed_at,
             "max_output_tokens": self.max_output_tokens,
             "max_tool_calls": self.max_tool_calls,
             "previous_response_id": self.previous_response_id,
             "prompt": None,
+            "prompt_cache_options": None,
+            "prompt_cache_key": None,
+            "prompt_cache_retention": None,
             "reasoning": None,
+            "safety_identifier": None,
             "service_tier": self.service_tier,
             "status": status,
-            "store": self.store,
             "text": self.text,
-            "top_logprobs": 0 if self.top_logprobs is None else self.top_logprobs,
+            "top_logprobs": self.top_logprobs,
             "truncation": self.truncation,
             "usage": usage,
             "user": self.user,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "input_messages": None,
+            "output_messages": None,
         }
 
 
 @attrs.frozen
 class TurnIds:
-    """Stable ids of one turn's items: ``msg_…`` for a message, ``fc_…`` + ``call_…``
-    for a function call (all from the request id)."""
+    """Ids of one turn's items, each its own random id as vLLM draws them, independent of
+    the response id: ``msg_…`` for a message, ``fc_…`` and the call id
+    ``chatcmpl-tool-…`` for a function call (vllm/entrypoints/openai/responses/
+    serving.py:1071, streaming_events.py:839,1057-1059, utils.py:162-164)."""
 
     message_id: str
     function_id: str
     call_id: str
 
     @classmethod
-    def of(cls, request_id: str) -> TurnIds:
-        return cls(f"msg_{request_id}", f"fc_{request_id}", f"call_{request_id}")
+    def of(cls, rng: random.Random) -> TurnIds:
+        return cls(f"msg_{rng.getrandbits(64):016x}", f"fc_{rng.getrandbits(64):016x}", tool_call_id(rng))
 
 
 class TokenLogprobs:
@@ -175,11 +190,23 @@ class TokenLogprobs:
 def usage_object(job: Job) -> dict[str, object]:
     prompt = job.prompt_tokens
     output = job.completion_tokens
+    # vllm/entrypoints/openai/responses/protocol.py:98-117, serving.py:896-919 (one turn of
+    # a SimpleContext records no per-turn metrics, so the lists are empty)
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": job.cached_tokens},
+        "input_tokens_details": {
+            "cached_tokens": job.cached_tokens,
+            "cache_write_tokens": 0,
+            "input_tokens_per_turn": [],
+            "cached_tokens_per_turn": [],
+        },
         "output_tokens": output,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {
+            "reasoning_tokens": 0,
+            "tool_output_tokens": 0,
+            "output_tokens_per_turn": [],
+            "tool_output_tokens_per_turn": [],
+        },
         "total_tokens": prompt + output,
     }
 
@@ -215,15 +242,10 @@ def output_items(plan: TurnPlan, ids: TurnIds, logprobs: TokenLogprobs | None) -
 
 
 def final_response(
-    shell: ResponseShell, plan: TurnPlan, ids: TurnIds, job: Job, logprobs: TokenLogprobs | None, completed_at: int
+    shell: ResponseShell, plan: TurnPlan, ids: TurnIds, job: Job, logprobs: TokenLogprobs | None
 ) -> dict[str, object]:
     """The response object of a finished turn (non-streaming body, the last event, the store)."""
-    return shell.response(
-        status=_status(plan),
-        output=output_items(plan, ids, logprobs),
-        usage=usage_object(job),
-        completed_at=completed_at,
-    )
+    return shell.response(status=_status(plan), output=output_items(plan, ids, logprobs), usage=usage_object(job))
 
 
 def _event(event_type: str, fields: bytes, sequence: int) -> bytes:
@@ -246,13 +268,11 @@ class ResponsesStreamRenderer:
         plan: TurnPlan,
         ids: TurnIds,
         logprobs: TokenLogprobs | None,
-        clock: Callable[[], float],
     ) -> None:
         self._shell = shell
         self._plan = plan
         self._ids = ids
         self._logprobs = logprobs
-        self._clock = clock
         self._block = block = plan.blocks[0]
         self._text = block.kind == TEXT
         self._next = 2  # sequence number of the next event, once the turn closed
@@ -302,8 +322,7 @@ class ResponsesStreamRenderer:
         return b"".join(events)
 
     def tail(self, jobs: Sequence[Job]) -> bytes:
-        now = int(self._clock())
-        self.final = final_response(self._shell, self._plan, self._ids, jobs[0], self._logprobs, now)
+        self.final = final_response(self._shell, self._plan, self._ids, jobs[0], self._logprobs)
         terminal = "response.incomplete" if self._plan.truncated else "response.completed"
         return _event(terminal, b'"response":' + json_bytes(self.final), self._next)
 

@@ -16,7 +16,7 @@ import attrs
 
 from llmsim.api.errors import ApiError
 from llmsim.api.prompts import MEDIA, tool_call_text
-from llmsim.api.request_fields import InputAudio, MediaUrl
+from llmsim.api.request_fields import InputAudio, MediaUrl, SamplingFields
 from llmsim.api.structure import FieldTypeError, converter, structure
 from llmsim.api.tool_support import FunctionTool, build_tool, compile_parameters
 from llmsim.model.tokenizer import ChatTurn
@@ -120,7 +120,7 @@ class TextConfig:
 
 
 @attrs.frozen(kw_only=True)
-class ResponsesRequest:
+class ResponsesRequest(SamplingFields):
     model: str | None = None
     input: ResponsesInput | None = None
     instructions: str | None = None
@@ -135,8 +135,6 @@ class ResponsesRequest:
     previous_response_id: str | None = None
     background: bool | None = None
     ignore_eos: bool | None = None
-    temperature: float | None = None
-    top_p: float | None = None
     parallel_tool_calls: bool | None = None
     max_tool_calls: int | None = None
     user: str | None = None

@@ -13,6 +13,7 @@ stay off and the turn is a message.
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 from llmsim.api.context import ApiContext, Call
@@ -31,6 +32,7 @@ from llmsim.api.plan import (
     plan_tool_calls,
 )
 from llmsim.api.prompts import check_output_tokens, check_prompt_length, prompt_ids, tool_call_text, tools_turn
+from llmsim.api.request_fields import check_sampling_fields
 from llmsim.api.responses.render import (
     ResponseShell,
     ResponsesStreamRenderer,
@@ -68,6 +70,8 @@ async def create_response(call: Call) -> None:
     body = call.json()
     request = parse_responses_request(body)
     model = ctx.resolve_model(request.model)
+    # with the store off, vLLM serves the request unstored (vllm/entrypoints/openai/responses/serving.py:355-363)
+    storing = request.storing and ctx.model.enable_responses_store
     check_job_count(ctx, 1)
     store = ctx.response_store
     previous = None
@@ -96,7 +100,7 @@ async def create_response(call: Call) -> None:
 
     identity = RequestIdentity.of(call, "resp_")
     request_id = identity.request_id
-    ids = TurnIds.of(request_id)
+    ids = TurnIds.of(random.Random(f"{ctx.model.seed}:{request_id}:ids"))
     cap = output_cap(ctx, len(prompt), request.max_output_tokens)
     if calling:
         engine_choice: ToolChoice = NamedToolChoice(choice.forced.name) if choice.forced is not None else "required"
@@ -122,25 +126,27 @@ async def create_response(call: Call) -> None:
         created_at=int(ctx.wall_clock()),
         model=model,
         instructions=request.instructions,
-        max_output_tokens=request.max_output_tokens,
+        max_output_tokens=cap,
         previous_response_id=request.previous_response_id,
         tool_choice=choice.echo,
         tools=body.get("tools") or [],
-        text={"format": fmt.echo},
-        top_logprobs=request.top_logprobs,
+        text=None if request.text is None else {"format": fmt.echo},
+        top_logprobs=(request.top_logprobs or 0) if request.wants_logprobs else None,  # protocol.py:635
         parallel_tool_calls=True if request.parallel_tool_calls is None else request.parallel_tool_calls,
         temperature=request.temperature,
-        top_p=request.top_p,
+        # greedy sampling reports top_p 1 (vllm/sampling_params.py:616-619)
+        top_p=1.0 if request.temperature is not None and request.temperature < 1e-5 else request.top_p,
+        presence_penalty=request.presence_penalty or 0.0,
+        frequency_penalty=request.frequency_penalty or 0.0,
         metadata=request.metadata,
         user=request.user,
-        store=request.storing,
         truncation=request.truncation or "disabled",
         service_tier=request.service_tier or "auto",
         max_tool_calls=request.max_tool_calls,
     )
     generation = GenerationPlan.single(request_id, PromptPlan(prompt, cap), plan)
     if request.streaming:
-        renderer = ResponsesStreamRenderer(shell=shell, plan=plan, ids=ids, logprobs=logprobs, clock=ctx.wall_clock)
+        renderer = ResponsesStreamRenderer(shell=shell, plan=plan, ids=ids, logprobs=logprobs)
         await stream(call, generation, renderer, identity.headers)
         final = renderer.final
         if final is None:
@@ -148,9 +154,9 @@ async def create_response(call: Call) -> None:
         response_body = json_bytes(final)
     else:
         [job] = await collect(call, generation)
-        response_body = json_bytes(final_response(shell, plan, ids, job, logprobs, int(ctx.wall_clock())))
+        response_body = json_bytes(final_response(shell, plan, ids, job, logprobs))
         call.respond(200, response_body, (*JSON_HEADERS, *identity.headers))
-    if request.storing:
+    if storing:
         said = _output_turn(plan, ids.call_id)
         store.put(
             StoredResponse(
@@ -172,7 +178,8 @@ def _checked_prompt(ctx: ApiContext, request: ResponsesRequest, turns: list[Chat
     otherwise the output cap is clamped to the room left.  ``truncation: "auto"`` keeps
     the first ``max_model_len - 1`` tokens instead (``truncate_prompt_tokens=-1``,
     ``protocol.py:525-532``; ``renderers/params.py:238-256``), leaving room for one.  A
-    cap below 1 is ``SamplingParams``' 400 (``vllm/sampling_params.py:691-696``).
+    cap below 1 and the sampling fields are ``SamplingParams``' 400s
+    (``vllm/sampling_params.py:635-774``, :func:`check_sampling_fields`).
     """
     max_model_len = ctx.model.max_model_len
     max_output_tokens = request.max_output_tokens
@@ -186,9 +193,8 @@ def _checked_prompt(ctx: ApiContext, request: ResponsesRequest, turns: list[Chat
             f"The engine prompt length {len(prompt)} exceeds the max_model_len {max_model_len}. Please reduce prompt."
         )
         raise ApiError(400, message, param="input", error_type="invalid_request_error")
-    if max_output_tokens is not None and max_output_tokens < 1:
-        message = f"max_tokens must be at least 1, got {max_output_tokens}."
-        raise validation_error(message, parameter="max_tokens", value=max_output_tokens)
+    # to_sampling_params then SamplingParams._verify_args (protocol.py:576-650)
+    check_sampling_fields(request, max_tokens=max_output_tokens)
     return prompt
 
 

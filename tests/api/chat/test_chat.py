@@ -52,9 +52,17 @@ async def test_stream_usage_chunk_matches_the_non_streaming_usage(autojump_clock
     *chunks, done = sse_payloads(streamed.body)
     assert done == "[DONE]"
     assert chunks[-1]["choices"] == []
-    assert chunks[-1]["usage"] == whole.json()["usage"]
-    usage_keys = ["prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details"]
-    assert list(whole.json()["usage"]) == usage_keys
+    # the usage chunk is dumped with exclude_none, the body whole
+    # (vllm/entrypoints/openai/chat_completion/serving.py:499-501; api_router.py:113)
+    assert chunks[-1]["usage"] == {k: v for k, v in whole.json()["usage"].items() if v is not None}
+    usage_keys = [
+        "prompt_tokens",
+        "total_tokens",
+        "completion_tokens",
+        "prompt_tokens_details",
+        "completion_tokens_details",
+    ]
+    assert list(whole.json()["usage"]) == usage_keys  # vllm/entrypoints/serve/engine/protocol.py:135-140
     assert whole.json()["usage"]["completion_tokens"] == 5
 
 
@@ -149,15 +157,20 @@ async def test_media_blocks_cost_a_few_placeholder_tokens(autojump_clock: MockCl
 @pytest.mark.parametrize(
     ("body", "status", "param", "message"),
     [
-        (chat(model="no-such-model"), 404, "model", "The model `no-such-model` does not exist."),
-        ({"model": "llmsim/sim-model"}, 400, "messages", "Field 'messages' is required."),
-        (chat(messages="hi"), 400, "messages", "expected an array, got a string"),
-        (chat(messages=[{"role": "user", "content": 5}]), 400, "messages[0].content", "got an integer"),
-        (chat(messages=[{"content": "x"}]), 400, "messages[0].role", "required"),
+        (
+            chat(model="no-such-model"),
+            404,
+            "model",
+            "The model `no-such-model` does not exist. Valid aliases: llmsim/sim-model.",
+        ),
+        ({"model": "llmsim/sim-model"}, 400, "body.messages", "'msg': 'Field required'"),
+        (chat(messages="hi"), 400, "body.messages", "'msg': 'Input should be a valid list'"),
+        (chat(messages=[{"role": "user", "content": 5}]), 400, "body.messages.0.content", "got an integer"),
+        (chat(messages=[{"content": "x"}]), 400, "body.messages.0.role", "Field required"),
         (
             chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": 3}]}]),
             400,
-            "messages[0].content[0].image_url",
+            "body.messages.0.content.0.image_url",
             "got an integer",
         ),
         (
@@ -172,9 +185,9 @@ async def test_media_blocks_cost_a_few_placeholder_tokens(autojump_clock: MockCl
             "messages[0].content[0].text",
             "no 'text'",
         ),
-        (chat(n="2"), 400, "n", "expected an integer, got a string"),
-        (chat(n=0), 400, "n", "n must be at least 1"),
-        (chat(stream="yes"), 400, "stream", "expected a boolean"),
+        (chat(n="x"), 400, "body.n", "unable to parse string as an integer"),
+        (chat(n=0), 400, None, "n must be at least 1, got 0."),  # vllm/sampling_params.py:53-54
+        (chat(stream="yes"), 400, "body.stream", "Input should be a valid boolean, unable to interpret input"),
         # vllm/sampling_params.py:691-696: the param is max_tokens whatever field was sent
         (
             chat(max_tokens=0),
@@ -183,19 +196,20 @@ async def test_media_blocks_cost_a_few_placeholder_tokens(autojump_clock: MockCl
             "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
         ),
         (chat(max_completion_tokens=-1), 400, "max_tokens", "max_tokens must be at least 1, got -1."),
-        (chat(max_tokens=1.5), 400, "max_tokens", "expected an integer"),
+        (chat(max_tokens=1.5), 400, "body.max_tokens", "got a number with a fractional part"),
         (
             chat(stream_options={"include_usage": True}),
             400,
             "stream_options",
-            "Stream options can only be defined when stream is True.",
+            # vllm/entrypoints/openai/chat_completion/protocol.py:858-868
+            "Stream options can only be defined when `stream=True`. (parameter=stream_options)",
         ),
-        (chat(stream=True, stream_options=True), 400, "stream_options", "expected an object"),
-        (chat(model=7), 400, "model", "expected a string"),
+        (chat(stream=True, stream_options=True), 400, "body.stream_options", "Input should be a valid dictionary"),
+        (chat(model=7), 400, "body.model", "Input should be a valid string"),
     ],
 )
 async def test_invalid_requests(
-    body: dict[str, Any], status: int, param: str, message: str, autojump_clock: MockClock
+    body: dict[str, Any], status: int, param: str | None, message: str, autojump_clock: MockClock
 ) -> None:
     async with running() as sim:
         response = await post(sim, PATH, body)
@@ -205,15 +219,28 @@ async def test_invalid_requests(
     assert error["param"] == param
     assert message in error["message"]
     assert error["code"] == status
-    assert error["type"] == ("NotFoundError" if status == 404 else "BadRequestError")
+    # request-validation errors: vllm/entrypoints/serve/exception_handling/handlers/validation.py:149-196
+    body_error = param is not None and param.startswith("body")
+    assert error["type"] == ("NotFoundError" if status == 404 else "Bad Request" if body_error else "BadRequestError")
     assert statistics.submitted == 0
 
 
 async def test_malformed_json_is_400(autojump_clock: MockClock) -> None:
     async with running() as sim:
         response = await post(sim, PATH, b'{"messages": [')
-    assert response.status == 400
-    assert response.json()["error"]["type"] == "BadRequestError"
+        trailing = await post(sim, PATH, b'{"messages": [],}')
+    # FastAPI's json_invalid error (Python's decoder: position and text) as vLLM renders it
+    # (vllm/entrypoints/serve/exception_handling/handlers/validation.py:149-196)
+    assert (response.status, response.body) == (
+        400,
+        b"{\"error\":{\"message\":\"1 validation error:\\n  {'type': 'json_invalid', 'loc': 'body.14', "
+        b"'msg': 'JSON decode error', 'input': '<dict of 0 items>', 'ctx': {'error': 'Expecting value'}}\","
+        b'"type":"Bad Request","param":"body.14","code":400}}',
+    )
+    assert trailing.json()["error"]["param"] == "body.16"
+    assert (
+        "'ctx': {'error': 'Expecting property name enclosed in double quotes'}" in trailing.json()["error"]["message"]
+    )
 
 
 def context_error(message: str, param: str) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import pytest
 from llmsim.api.chat.render import ChatStreamRenderer, chat_completion_body
 from llmsim.api.errors import ApiError
 from llmsim.api.generation import CollectingSink
-from llmsim.api.usage import ChunkUsage
+from llmsim.api.usage import ChunkUsage, UsageStyle
 from llmsim.engine.job import Job
 from tests.api.fakes import EngineRun, make_job
 
@@ -30,12 +30,21 @@ def role(index: int = 0, usage: bytes = b"") -> bytes:
 def token(text: bytes, index: int = 0, *, finish: bytes | None = None, usage: bytes = b"") -> bytes:
     """A token's chunk; the last one of its choice (``finish``) carries vLLM's finish keys
     (vllm/entrypoints/openai/chat_completion/serving.py:796-809)."""
-    reason = b'null,"token_ids":null' if finish is None else b'"%s","stop_reason":null,"token_ids":null' % finish
-    return HEAD + b'[{"index":%d,"delta":{"content":"%s"},"logprobs":null,"finish_reason":%s}]%s}\n\n' % (
-        index,
-        text,
-        reason,
-        usage,
+    reason = (
+        b'null,"token_ids":null'
+        if finish is None
+        else b'"%s","stop_reason":null,"token_ids":null,"weight_versions":null' % finish
+    )
+    # kv_transfer_params: passed on every token chunk (serving.py:815-823), so kept by exclude_unset
+    return (
+        HEAD
+        + b'[{"index":%d,"delta":{"content":"%s"},"logprobs":null,"finish_reason":%s}]%s,"kv_transfer_params":null}\n\n'
+        % (
+            index,
+            text,
+            reason,
+            usage,
+        )
     )
 
 
@@ -87,14 +96,15 @@ def test_length_finish_rides_on_the_last_token_exact_bytes() -> None:
             b'"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":null,'
             b'"prompt_text":null}\n\n'
             b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
-            b'"delta":{"content":"Hello"},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
+            b'"delta":{"content":"Hello"},"logprobs":null,"finish_reason":null,"token_ids":null}],'
+            b'"kv_transfer_params":null}\n\n'
         ),
         0.11: (
             b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
             b'"delta":{"content":" world"},"logprobs":null,"finish_reason":"length","stop_reason":null,'
-            b'"token_ids":null}]}\n\n'
+            b'"token_ids":null,"weight_versions":null}],"kv_transfer_params":null}\n\n'
             b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":'
-            b'{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":0}}}\n\n'
+            b'{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2}}\n\n'
             b"data: [DONE]\n\n"
         ),
     }
@@ -109,8 +119,7 @@ def test_the_eos_token_sends_its_empty_stop_chunk_one_itl_later_and_counts() -> 
     assert run.writes_at() == {
         0.1: role() + token(b"a"),
         0.11: token(b"b"),
-        0.12: eos() + HEAD + b'[],"usage":{"prompt_tokens":3,"total_tokens":6,"completion_tokens":3,'
-        b'"prompt_tokens_details":{"cached_tokens":0}}}\n\n' + DONE,
+        0.12: eos() + HEAD + b'[],"usage":{"prompt_tokens":3,"total_tokens":6,"completion_tokens":3}}\n\n' + DONE,
     }
 
 
@@ -131,10 +140,7 @@ def test_two_choices_role_chunks_for_every_choice_first() -> None:
     """The first engine output sends the role chunk of every choice before any token
     (``for i in range(num_choices)``, serving.py:597-634)."""
     run, _ = stream([(("a", "b"), "length"), (("c", ""), "stop")], include_usage=True)
-    usage_chunk = (
-        HEAD + b'[],"usage":{"prompt_tokens":3,"total_tokens":7,"completion_tokens":4,'
-        b'"prompt_tokens_details":{"cached_tokens":0}}}\n\n'
-    )
+    usage_chunk = HEAD + b'[],"usage":{"prompt_tokens":3,"total_tokens":7,"completion_tokens":4}}\n\n'
     assert run.writes_at() == {
         0.1: role(0) + role(1) + token(b"a", 0) + token(b"c", 1),
         0.11: token(b"b", 0, finish=b"length") + eos(index=1) + usage_chunk + DONE,
@@ -184,12 +190,13 @@ def test_continuous_usage_stats_put_cumulative_usage_on_every_chunk_exact_bytes(
         b'"prompt_text":null}\n\n'
         b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
         b'"delta":{"content":"a"},"logprobs":null,"finish_reason":null,"token_ids":null}],"usage":{"prompt_tokens":3,'
-        b'"total_tokens":4,"completion_tokens":1,"completion_tokens_details":null}}\n\n'
+        b'"total_tokens":4,"completion_tokens":1,"completion_tokens_details":null},"kv_transfer_params":null}\n\n'
         b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
-        b'"delta":{"content":""},"logprobs":null,"finish_reason":"stop","stop_reason":null,"token_ids":null}],'
-        b'"usage":{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2,"completion_tokens_details":null}}\n\n'
+        b'"delta":{"content":""},"logprobs":null,"finish_reason":"stop","stop_reason":null,"token_ids":null,'
+        b'"weight_versions":null}],"usage":{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2,'
+        b'"completion_tokens_details":null},"kv_transfer_params":null}\n\n'
         b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":'
-        b'{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":0}}}\n\n'
+        b'{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2}}\n\n'
         b"data: [DONE]\n\n"
     )
 
@@ -294,20 +301,111 @@ def test_non_streaming_body_exact_bytes(echo: str | None) -> None:
     run.submit(jobs)
     run.run()
     assert sink.done.is_set()
-    body = chat_completion_body(response_id="chatcmpl-1", created=1, model="m", jobs=jobs[::-1], echo=echo)
+    body = chat_completion_body(
+        response_id="chatcmpl-1", created=1, model="m", jobs=jobs[::-1], echo=echo, fingerprint="vllm-0.33.0-0123abcd"
+    )
+    # ChatCompletionResponse dumped whole (vllm/entrypoints/openai/chat_completion/protocol.py:113-164,
+    # api_router.py:113): weight_versions on each choice, UsageInfo's null details
     prefix = (echo or "").encode()
     assert body == (
         b'{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":['
         b'{"index":0,"message":{"role":"assistant","content":"' + prefix + b'a time","refusal":null,"annotations":null,'
         b'"audio":null,"function_call":null,"reasoning":null},"logprobs":null,"finish_reason":"length",'
-        b'"stop_reason":null,"token_ids":null,"routed_experts":null},'
+        b'"stop_reason":null,"token_ids":null,"routed_experts":null,"weight_versions":null},'
         b'{"index":1,"message":{"role":"assistant","content":"' + prefix + b'","refusal":null,"annotations":null,'
         b'"audio":null,"function_call":null,"reasoning":null},"logprobs":null,"finish_reason":"stop",'
-        b'"stop_reason":null,"token_ids":null,"routed_experts":null}],'
-        b'"service_tier":null,"system_fingerprint":null,'
+        b'"stop_reason":null,"token_ids":null,"routed_experts":null,"weight_versions":null}],'
+        b'"service_tier":null,"system_fingerprint":"vllm-0.33.0-0123abcd",'
         b'"usage":{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2,'
-        b'"prompt_tokens_details":{"cached_tokens":0}},'
+        b'"prompt_tokens_details":null,"completion_tokens_details":null},'
         b'"prompt_logprobs":null,"prompt_token_ids":null,"prompt_text":null,"kv_transfer_params":null,'
         b'"ec_transfer_params":null,"metrics":null}'
     )
     assert orjson.loads(body)["usage"]["total_tokens"] == 5
+
+
+FINGERPRINT = b',"system_fingerprint":"vllm-0.33.0-0123abcd"'
+
+
+def fingerprinted_stream(outputs: Sequence[tuple[tuple[str, ...], str]], *, include_usage: bool) -> bytes:
+    run = EngineRun(**LATENCY)
+    renderer = ChatStreamRenderer(
+        response_id="chatcmpl-1",
+        created=1,
+        model="m",
+        choices=len(outputs),
+        include_usage=include_usage,
+        fingerprint="vllm-0.33.0-0123abcd",
+        usage_style=UsageStyle(prompt_details=True, created_cache_tokens=True),
+    )
+    sink = run.streaming_sink(renderer, len(outputs))
+    run.submit([make_job(sink, pieces, reason, index=i) for i, (pieces, reason) in enumerate(outputs)])
+    run.run()
+    return run.response.body
+
+
+def test_the_fingerprint_rides_on_each_finishing_chunk_without_a_usage_chunk() -> None:
+    """``system_fingerprint`` only on a chunk with a finish_reason, and only when no
+    usage chunk follows (vllm/entrypoints/openai/chat_completion/serving.py:824-834),
+    between ``choices`` and ``kv_transfer_params`` (protocol.py:186-203)."""
+    finish = b'"stop_reason":null,"token_ids":null,"weight_versions":null}]'
+    assert fingerprinted_stream([(("a", ""), "stop"), (("b",), "length")], include_usage=False) == (
+        role(0)
+        + role(1)
+        + token(b"a", 0)
+        + HEAD
+        + b'[{"index":1,"delta":{"content":"b"},"logprobs":null,"finish_reason":"length",'
+        + finish
+        + FINGERPRINT
+        + b',"kv_transfer_params":null}\n\n'
+        + HEAD
+        + b'[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"stop",'
+        + finish
+        + FINGERPRINT
+        + b',"kv_transfer_params":null}\n\n'
+        + DONE
+    )
+
+
+def test_with_a_usage_chunk_the_fingerprint_and_prompt_details_go_on_it() -> None:
+    """With ``include_usage`` the usage chunk alone carries the fingerprint
+    (serving.py:903-912), dumped with exclude_none (serving.py:499-501): with
+    --enable-prompt-tokens-details, ``{"cached_tokens", "created_cache_tokens"}``
+    (serving.py:95-114), the prompt's full 16-token blocks written to the cache
+    (vllm/v1/metrics/stats.py:342-346)."""
+    body = fingerprinted_stream([(("a", ""), "stop")], include_usage=True)
+    assert body == (
+        role()
+        + token(b"a")
+        + eos()
+        + HEAD
+        + b'[],"usage":{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2,'
+        + b'"prompt_tokens_details":{"cached_tokens":0,"created_cache_tokens":0}}'
+        + FINGERPRINT
+        + b"}\n\n"
+        + DONE
+    )
+
+
+def test_prompt_tokens_details_in_the_body_with_the_flag() -> None:
+    """The body dumps ``PromptTokenUsageInfo`` whole (vllm/entrypoints/serve/engine/
+    protocol.py:121-128): a 35-token prompt writes its two full blocks, 32 tokens."""
+    run = EngineRun(**LATENCY)
+    sink = CollectingSink(1)
+    job = make_job(sink, ("a",), "length", prompt_tokens=35)
+    run.submit([job])
+    run.run()
+    body = chat_completion_body(
+        response_id="chatcmpl-1",
+        created=1,
+        model="m",
+        jobs=[job],
+        usage_style=UsageStyle(prompt_details=True, created_cache_tokens=True),
+    )
+    assert orjson.loads(body)["usage"] == {
+        "prompt_tokens": 35,
+        "total_tokens": 36,
+        "completion_tokens": 1,
+        "prompt_tokens_details": {"cached_tokens": 0, "created_cache_tokens": 32, "multimodal_tokens": None},
+        "completion_tokens_details": None,
+    }

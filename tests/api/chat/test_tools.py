@@ -5,6 +5,7 @@ trio's mock clock: tool_choice rules, schema-valid arguments, usage, every 400."
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import jsonschema
@@ -48,22 +49,25 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"typ
 def arguments(text: bytes, call: int = 0) -> bytes:
     return (
         HEAD + b'[{"index":0,"delta":{"tool_calls":[{"index":%d,"function":{"arguments":"%s"}}]},"logprobs":null,'
-        b'"finish_reason":null,"token_ids":null}]}\n\n' % (call, text)
+        b'"finish_reason":null,"token_ids":null}],"kv_transfer_params":null}\n\n' % (call, text)
     )
 
 
-def header(call_id: bytes, name: bytes, call: int = 0) -> bytes:
+def first(call_id: bytes, name: bytes, text: bytes, call: int = 0) -> bytes:
+    """A call's first chunk: its id, type and name with the first arguments piece, as
+    ``extract_named_tool_call_streaming`` (vllm/tool_parsers/streaming.py:49-57) and
+    ``extract_required_tool_call_streaming`` (ibid. 284-296) build it."""
     return (
-        HEAD
-        + b'[{"index":0,"delta":{"tool_calls":[{"id":"%s","type":"function","index":%d,"function":{"name":"%s"}}]},'
-        b'"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n' % (call_id, call, name)
+        HEAD + b'[{"index":0,"delta":{"tool_calls":[{"id":"%s","type":"function","index":%d,"function":'
+        b'{"name":"%s","arguments":"%s"}}]},"logprobs":null,"finish_reason":null,"token_ids":null}],'
+        b'"kv_transfer_params":null}\n\n' % (call_id, call, name, text)
     )
 
 
 def finish(reason: bytes) -> bytes:
     return (
         HEAD + b'[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"%s","stop_reason":null,'
-        b'"token_ids":null}]}\n\n' % reason
+        b'"token_ids":null,"weight_versions":null}],"kv_transfer_params":null}\n\n' % reason
     )
 
 
@@ -92,30 +96,27 @@ def test_two_tool_calls_stream_exact_bytes() -> None:
         b'"prompt_text":null}\n\n'
         b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
         b'"delta":{"tool_calls":[{"id":"chatcmpl-tool-a","type":"function","index":0,"function":'
-        b'{"name":"get_weather"}}]},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
-        b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
-        b'"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\\""}}]},"logprobs":null,"finish_reason":null,'
-        b'"token_ids":null}]}\n\n'
+        b'{"name":"get_weather","arguments":"{\\""}}]},"logprobs":null,"finish_reason":null,"token_ids":null}],'
+        b'"kv_transfer_params":null}\n\n'
     )
     assert steps[0.11] == arguments(b"city")
-    assert steps[0.16] == header(b"chatcmpl-tool-b", b"get_time", 1) + arguments(b"{}", 1)
-    assert (
-        steps[0.17]
-        == (  # the EOS token's chunk, one ITL after the last argument
-            finish(b"tool_calls") + HEAD + b'[],"usage":{"prompt_tokens":3,"total_tokens":11,"completion_tokens":8,'
-            b'"prompt_tokens_details":{"cached_tokens":0}}}\n\n' + DONE
-        )
+    assert steps[0.16] == first(b"chatcmpl-tool-b", b"get_time", b"{}", 1)
+    assert steps[0.17] == (  # the EOS token's chunk, one ITL after the last argument
+        finish(b"tool_calls")
+        + HEAD
+        + b'[],"usage":{"prompt_tokens":3,"total_tokens":11,"completion_tokens":8}}\n\n'
+        + DONE
     )
     assert run.response.body == (
         ROLE
-        + header(b"chatcmpl-tool-a", b"get_weather")
-        + b"".join(arguments(piece) for piece in ARGUMENT_PIECES)
+        + first(b"chatcmpl-tool-a", b"get_weather", ARGUMENT_PIECES[0])
+        + b"".join(arguments(piece) for piece in ARGUMENT_PIECES[1:])
         + steps[0.16]
         + steps[0.17]
     )
 
 
-def test_tool_call_tokens_due_together_keep_the_header_before_its_arguments() -> None:
+def test_tool_call_tokens_due_together_keep_one_chunk_per_token() -> None:
     run = EngineRun(**LATENCY)
     renderer = ChatStreamRenderer(
         response_id="chatcmpl-1", created=1, model="m", choices=1, include_usage=False, tool_calls=[CALLS]
@@ -125,13 +126,40 @@ def test_tool_call_tokens_due_together_keep_the_header_before_its_arguments() ->
     run.step_to(0.2)  # late: every token is due in one step
     assert [data for _, data in run.response.writes] == [
         ROLE
-        + header(b"chatcmpl-tool-a", b"get_weather")
-        + b"".join(arguments(piece) for piece in ARGUMENT_PIECES)
-        + header(b"chatcmpl-tool-b", b"get_time", 1)
-        + arguments(b"{}", 1)
+        + first(b"chatcmpl-tool-a", b"get_weather", ARGUMENT_PIECES[0])
+        + b"".join(arguments(piece) for piece in ARGUMENT_PIECES[1:])
+        + first(b"chatcmpl-tool-b", b"get_time", b"{}", 1)
         + finish(b"tool_calls")
         + DONE
     ]
+
+
+def test_required_tool_choice_later_deltas_name_null() -> None:
+    """``tool_choice: "required"``: a call's later deltas pass ``name=None`` explicitly, so
+    they dump ``"name":null`` (vllm/tool_parsers/streaming.py:270-283); the first carries
+    id, type, name and the first arguments piece (ibid. 284-296)."""
+    run = EngineRun(**LATENCY)
+    renderer = ChatStreamRenderer(
+        response_id="chatcmpl-1",
+        created=1,
+        model="m",
+        choices=1,
+        include_usage=False,
+        tool_calls=[(Block(TOOL_CALL, 0, 2, "get_weather", "chatcmpl-tool-a"),)],
+        required_tool_choice=True,
+    )
+    sink = run.streaming_sink(renderer, 1)
+    run.submit([make_job(sink, (*PIECES[:2], ""), "tool_calls")])
+    run.run()
+    assert run.response.body == (
+        ROLE
+        + first(b"chatcmpl-tool-a", b"get_weather", ARGUMENT_PIECES[0])
+        + HEAD
+        + b'[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":null,"arguments":"city"}}]},'
+        b'"logprobs":null,"finish_reason":null,"token_ids":null}],"kv_transfer_params":null}\n\n'
+        + finish(b"tool_calls")
+        + DONE
+    )
 
 
 def test_a_text_choice_beside_a_tool_choice_streams_plain_content() -> None:
@@ -152,11 +180,15 @@ def test_a_text_choice_beside_a_tool_choice_streams_plain_content() -> None:
             1,
             {
                 "tool_calls": [
-                    {"id": "chatcmpl-tool-b", "type": "function", "index": 0, "function": {"name": "get_time"}}
+                    {
+                        "id": "chatcmpl-tool-b",
+                        "type": "function",
+                        "index": 0,
+                        "function": {"name": "get_time", "arguments": "{}"},
+                    }
                 ]
             },
         ),
-        (1, {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}),
         (0, {"content": ""}),
         (1, {"content": ""}),
     ]
@@ -176,9 +208,9 @@ def test_non_streaming_body_with_tool_calls_exact_bytes() -> None:
         b'"tool_calls":[{"id":"chatcmpl-tool-a","type":"function","function":{"name":"get_weather",'
         b'"arguments":"{\\"city\\": \\"Paris\\"}"}},{"id":"chatcmpl-tool-b","type":"function","function":'
         b'{"name":"get_time","arguments":"{}"}}],"reasoning":null},"logprobs":null,"finish_reason":"tool_calls",'
-        b'"stop_reason":null,"token_ids":null,"routed_experts":null}],"service_tier":null,"system_fingerprint":null,'
-        b'"usage":{"prompt_tokens":3,"total_tokens":11,"completion_tokens":8,"prompt_tokens_details":'
-        b'{"cached_tokens":0}},"prompt_logprobs":null,"prompt_token_ids":null,"prompt_text":null,'
+        b'"stop_reason":null,"token_ids":null,"routed_experts":null,"weight_versions":null}],"service_tier":null,'
+        b'"system_fingerprint":null,"usage":{"prompt_tokens":3,"total_tokens":11,"completion_tokens":8,'
+        b'"prompt_tokens_details":null,"completion_tokens_details":null},"prompt_logprobs":null,"prompt_token_ids":null,"prompt_text":null,'
         b'"kv_transfer_params":null,"ec_transfer_params":null,"metrics":null}'
     )
 
@@ -190,7 +222,9 @@ def chat(**fields: Any) -> dict[str, Any]:
     return {"model": "llmsim/sim-model", "messages": HELLO, "tools": [WEATHER, TIME], **fields}
 
 
-def reassemble(body: bytes, index: int = 0) -> tuple[list[dict[str, Any]], str | None, list[Any]]:
+def reassemble(
+    body: bytes, index: int = 0, *, required: bool = True
+) -> tuple[list[dict[str, Any]], str | None, list[Any]]:
     """The tool calls of choice ``index`` rebuilt from a stream, as a client does;
     checks that id, type and name come exactly once per call, before its arguments."""
     chunks = [c for c in sse_payloads(body)[:-1] if c["choices"] and c["choices"][0]["index"] == index]
@@ -202,10 +236,16 @@ def reassemble(body: bytes, index: int = 0) -> tuple[list[dict[str, Any]], str |
         for delta in choice["delta"].get("tool_calls", []):
             if "id" in delta:
                 assert delta["index"] == len(calls) and delta["type"] == "function"
-                assert set(delta["function"]) == {"name"}
-                calls.append({"id": delta["id"], "name": delta["function"]["name"], "arguments": ""})
+                assert set(delta["function"]) == {"name", "arguments"}  # vllm/tool_parsers/streaming.py:49-57
+                calls.append(
+                    {"id": delta["id"], "name": delta["function"]["name"], "arguments": delta["function"]["arguments"]}
+                )
             else:
-                assert set(delta) == {"index", "function"} and set(delta["function"]) == {"arguments"}
+                # "required" passes name=None explicitly (vllm/tool_parsers/streaming.py:270-283),
+                # a named choice leaves it unset (ibid. 33-37)
+                names = {"name", "arguments"} if required else {"arguments"}
+                assert set(delta) == {"index", "function"} and set(delta["function"]) == names
+                assert delta["function"].get("name") is None
                 calls[delta["index"]]["arguments"] += delta["function"]["arguments"]
     return calls, finish_reason, chunks
 
@@ -218,12 +258,17 @@ async def test_required_calls_stream_and_complete_alike(autojump_clock: MockCloc
     calls, finish_reason, chunks = reassemble(streamed.body)
     choice = whole.json()["choices"][0]
     assert finish_reason == choice["finish_reason"] == "tool_calls"
-    assert choice["message"]["content"] is None
+    # a forced tool_choice's content is "", not null
+    # (vllm/entrypoints/openai/chat_completion/message_assembly.py:60-61, 105-109)
+    assert choice["message"]["content"] == ""
     assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in choice["message"]["tool_calls"]] == [
         (c["id"], c["name"], c["arguments"]) for c in calls
     ]
+    # vLLM's make_tool_call_id: "chatcmpl-tool-" and random_uuid(), 16 hex digits
+    # (vllm/renderers/chat_utils/tool_call.py:27-32, vllm/utils/__init__.py:11-12)
     assert all(
-        c["type"] == "function" and c["id"].startswith("chatcmpl-tool-") for c in choice["message"]["tool_calls"]
+        c["type"] == "function" and re.fullmatch(r"chatcmpl-tool-[0-9a-f]{16}", c["id"])
+        for c in choice["message"]["tool_calls"]
     )
     assert len(calls) >= 1
     for call in calls:
@@ -247,11 +292,12 @@ async def test_named_tool_choice_calls_exactly_that_function_and_finishes_stop(a
         streamed = await post(sim, PATH, chat(tool_choice=named, stream=True))
     for response in responses:
         for choice in response.json()["choices"]:
+            assert choice["message"]["content"] == ""  # message_assembly.py:60-61, 105-109
             (call,) = choice["message"]["tool_calls"]
             assert call["function"]["name"] == "get_weather"
             jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER_SCHEMA)
             assert choice["finish_reason"] == "stop"
-    calls, finish_reason, _ = reassemble(streamed.body)
+    calls, finish_reason, _ = reassemble(streamed.body, required=False)
     assert finish_reason == "stop" and [call["name"] for call in calls] == ["get_weather"]
 
 
@@ -311,7 +357,7 @@ async def test_arguments_are_cut_at_max_tokens(autojump_clock: MockClock) -> Non
     assert response.json()["usage"]["completion_tokens"] == 2
     (call,) = choice["message"]["tool_calls"]
     assert call["function"]["arguments"] == '{"'
-    calls, finish_reason, _ = reassemble(streamed.body)
+    calls, finish_reason, _ = reassemble(streamed.body, required=False)
     assert finish_reason == "length" and len(calls) == 1
 
 
@@ -329,19 +375,28 @@ NAMED_USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_fun
             "tool_choice",
             "The tool specified in `tool_choice` does not match any of the specified `tools`",
         ),
-        (chat(tool_choice="sometimes"), "tool_choice", "Invalid value for `tool_choice`: sometimes! Only named tools"),
-        (chat(tool_choice={"type": "function"}), "tool_choice", "Invalid value for `function`: `None`"),
+        # request validation: vllm/entrypoints/serve/exception_handling/handlers/validation.py:149-196
+        (
+            chat(tool_choice="sometimes"),
+            "body.tool_choice",
+            "Invalid value for `tool_choice`: sometimes! Only named tools",
+        ),
+        (chat(tool_choice={"type": "function"}), "body.tool_choice", "Invalid value for `function`: `None`"),
         (
             chat(tool_choice={"function": {}}),
-            "tool_choice",
+            "body.tool_choice",
             f"Expected field `name` in `function` in `tool_choice`! {NAMED_USAGE}",
         ),
-        (chat(tool_choice={"function": {"name": ""}}), "tool_choice", "Invalid `name` in `function`: ``"),
-        (chat(tool_choice=3), "tool_choice", "expected a string or an object, got an integer"),
-        (chat(tools=[{"type": "function"}]), "tools[0].function", "Field 'tools[0].function' is required."),
-        (chat(tools=[{"function": {"description": "x"}}]), "tools[0].function.name", "required"),
-        (chat(tools=[{"type": "custom", "custom": {"name": "x"}}]), "tools[0]", "only function tools are supported"),
-        (chat(tools="get_weather"), "tools", "expected an array"),
+        (chat(tool_choice={"function": {"name": ""}}), "body.tool_choice", "Invalid `name` in `function`: ``"),
+        (chat(tool_choice=3), "body.tool_choice", "expected a string or an object, got an integer"),
+        (chat(tools=[{"type": "function"}]), "body.tools.0.function", "'msg': 'Field required'"),
+        (chat(tools=[{"function": {"description": "x"}}]), "body.tools.0.function.name", "Field required"),
+        (
+            chat(tools=[{"type": "custom", "custom": {"name": "x"}}]),
+            "body.tools.0",
+            "only function tools are supported",
+        ),
+        (chat(tools="get_weather"), "body.tools", "Input should be a valid list"),
         (
             chat(tools=[TIME, {"function": {"name": "bad", "parameters": {"type": "string"}}}]),
             "tools[1].function.parameters",
@@ -357,10 +412,10 @@ NAMED_USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_fun
             "tools[0].function.parameters.properties.a.not",
         ),
         (chat(tools=[{"function": {"name": "s", "parameters": "object"}}]), "tools[0].function.parameters", "'s'"),
-        (chat(parallel_tool_calls="no"), "parallel_tool_calls", "expected a boolean"),
+        (chat(parallel_tool_calls="maybe"), "body.parallel_tool_calls", "Input should be a valid boolean"),
         (
             chat(messages=[{"role": "assistant", "tool_calls": [{"function": {"name": "f"}}]}]),
-            "messages[0].tool_calls[0].function.arguments",
+            "body.messages.0.tool_calls.0.function.arguments",
             "required",
         ),
     ],
@@ -373,7 +428,8 @@ async def test_invalid_tool_requests_are_400(
         submitted = sim.engine.statistics().submitted
     assert response.status == 400, response.body
     error = response.json()["error"]
-    assert (error["param"], error["type"], error["code"]) == (param, "BadRequestError", 400)
+    kind = "Bad Request" if param.startswith("body") else "BadRequestError"
+    assert (error["param"], error["type"], error["code"]) == (param, kind, 400)
     assert message in error["message"]
     assert submitted == 0
 

@@ -33,7 +33,8 @@ async def test_stream_one_chunk_per_token_finish_on_the_last(autojump_clock: Moc
     *chunks, usage, done = sse_payloads(response.body)
     assert done == "[DONE]"
     assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, None, "length"]
-    assert all(c["usage"] is None and c["object"] == "text_completion" for c in chunks)
+    # exclude_unset: no usage key on a token chunk (vllm/entrypoints/openai/completion/serving.py:486)
+    assert all("usage" not in c and c["object"] == "text_completion" for c in chunks)
     assert re.fullmatch(r"cmpl-[0-9a-f]{16}", chunks[0]["id"])
     assert {c["created"] for c in chunks} == {CREATED}
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 3
@@ -102,13 +103,19 @@ async def test_x_request_id(autojump_clock: MockClock) -> None:
         (completion(prompt=""), 400, "prompt", "prompt must not contain an empty string"),
         (completion(prompt=["a", ""]), 400, "prompt", "prompt must not contain an empty string"),
         (completion(prompt=[[1, 2], []]), 400, "prompt", "prompt must not contain an empty token-id array"),
-        (completion(prompt=123), 400, "prompt", "prompt must be a string, an array of strings, an array of token ids"),
-        (completion(prompt=["a", 1]), 400, "prompt", "must not mix"),
-        (completion(prompt=[1, True]), 400, "prompt", "must not mix"),
-        (completion(prompt=[-1, 2]), 400, "prompt", "Token id -1 is out of vocabulary"),
-        ({"model": "llmsim/sim-model"}, 400, "prompt", "Field 'prompt' is required."),
-        (completion(model="gpt-4"), 404, "model", "The model `gpt-4` does not exist."),
-        (completion(n=-1), 400, "n", "n must be at least 1"),
+        (
+            completion(prompt=123),
+            400,
+            "body.prompt",
+            "prompt must be a string, an array of strings, an array of token ids",
+        ),
+        (completion(prompt=["a", 1]), 400, "body.prompt", "must not mix"),
+        (completion(prompt=[1, True]), 400, "body.prompt", "must not mix"),
+        # vllm/renderers/base.py:480-486 (no parameter)
+        (completion(prompt=[-1, 2]), 400, None, "Token id -1 is out of vocabulary"),
+        ({"model": "llmsim/sim-model"}, 400, "body.prompt", "Field required"),
+        (completion(model="gpt-4"), 404, "model", "The model `gpt-4` does not exist. Valid aliases: llmsim/sim-model."),
+        (completion(n=-1), 400, None, "n must be at least 1, got -1."),  # vllm/sampling_params.py:53-54
         # vllm/sampling_params.py:691-696 (echo with max_tokens 0 is served: see below)
         (
             completion(max_tokens=0),
@@ -116,13 +123,23 @@ async def test_x_request_id(autojump_clock: MockClock) -> None:
             "max_tokens",
             "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
         ),
-        (completion(echo="yes"), 400, "echo", "expected a boolean"),
-        (completion(stream_options={"include_usage": True}), 400, "stream_options", "only be defined when stream"),
-        (completion(stream=True, stream_options={"include_usage": 1}), 400, "stream_options.include_usage", "boolean"),
+        (completion(echo="yes"), 400, "body.echo", "valid boolean"),
+        (
+            completion(stream_options={"include_usage": True}),
+            400,
+            "stream_options",
+            "only be defined when `stream=True`.",
+        ),
+        (
+            completion(stream=True, stream_options={"include_usage": 1}),
+            400,
+            "body.stream_options.include_usage",
+            "boolean",
+        ),
     ],
 )
 async def test_invalid_requests(
-    body: dict[str, Any], status: int, param: str, message: str, autojump_clock: MockClock
+    body: dict[str, Any], status: int, param: str | None, message: str, autojump_clock: MockClock
 ) -> None:
     async with running() as sim:
         response = await post(sim, PATH, body)
@@ -191,7 +208,8 @@ async def test_token_ids_beyond_the_vocabulary_are_400_not_500(autojump_clock: M
     for bad in (response, echoed):
         assert bad.status == 400, bad.body
         error = bad.json()["error"]
-        assert error["param"] == "prompt" and "out of vocabulary" in error["message"]
+        # vllm/renderers/base.py:487-490: the largest id, no parameter
+        assert error["param"] is None and error["message"].endswith(" is out of vocabulary")
 
 
 async def test_more_choices_than_the_engine_can_hold_are_429_at_once(autojump_clock: MockClock) -> None:

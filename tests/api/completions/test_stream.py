@@ -9,7 +9,7 @@ import orjson
 
 from llmsim.api.completions.render import CompletionStreamRenderer, completion_body
 from llmsim.api.generation import CollectingSink
-from llmsim.api.usage import ChunkUsage
+from llmsim.api.usage import ChunkUsage, UsageStyle
 from llmsim.engine.job import Job
 from tests.api.fakes import EngineRun, make_job
 
@@ -18,11 +18,16 @@ HEAD = b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m"
 DONE = b"data: [DONE]\n\n"
 
 
-def chunk(text: bytes, reason: bytes | None = None, index: int = 0, usage: bytes = b"null") -> bytes:
+def chunk(text: bytes, reason: bytes | None = None, index: int = 0, usage: bytes | None = None) -> bytes:
+    """A chunk as vLLM dumps it with ``exclude_unset`` (vllm/entrypoints/openai/completion/
+    serving.py:437-486): every choice field passed, ``weight_versions`` too; no ``usage``
+    key unless set; ``kv_transfer_params`` always."""
     finish = b"null" if reason is None else b'"%s"' % reason
+    usage_key = b"" if usage is None else b',"usage":' + usage
     return (
         HEAD + b'[{"index":%d,"text":"%s","logprobs":null,"finish_reason":%s,"stop_reason":null,'
-        b'"prompt_token_ids":null,"token_ids":null}],"usage":%s}\n\n' % (index, text, finish, usage)
+        b'"prompt_token_ids":null,"token_ids":null,"weight_versions":null}]%s,"kv_transfer_params":null}\n\n'
+        % (index, text, finish, usage_key)
     )
 
 
@@ -75,15 +80,14 @@ def test_one_choice_with_usage_exact_bytes() -> None:
         0.1: (
             b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,'
             b'"text":" performance","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,'
-            b'"token_ids":null}],"usage":null}\n\n'
+            b'"token_ids":null,"weight_versions":null}],"kv_transfer_params":null}\n\n'
         ),
         0.11: (
             b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,'
             b'"text":" and","logprobs":null,"finish_reason":"length","stop_reason":null,"prompt_token_ids":null,'
-            b'"token_ids":null}],"usage":null}\n\n'
+            b'"token_ids":null,"weight_versions":null}],"kv_transfer_params":null}\n\n'
             b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[],"usage":'
-            b'{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2,'
-            b'"prompt_tokens_details":{"cached_tokens":0}}}\n\n'
+            b'{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2}}\n\n'
             b"data: [DONE]\n\n"
         ),
     }
@@ -97,8 +101,10 @@ def test_a_natural_stop_is_the_eos_tokens_own_empty_chunk_one_itl_later() -> Non
     assert run.writes_at() == {
         0.1: chunk(b"a"),
         0.11: chunk(b"b"),
-        0.12: chunk(b"", b"stop") + HEAD + b'[],"usage":{"prompt_tokens":3,"total_tokens":6,"completion_tokens":3,'
-        b'"prompt_tokens_details":{"cached_tokens":0}}}\n\n' + DONE,
+        0.12: chunk(b"", b"stop")
+        + HEAD
+        + b'[],"usage":{"prompt_tokens":3,"total_tokens":6,"completion_tokens":3}}\n\n'
+        + DONE,
     }
 
 
@@ -132,8 +138,8 @@ def test_echo_without_generation_sends_the_prompt_alone_after_its_one_token() ->
     assert run.writes_at() == {
         0.1: chunk(b"Say hi", b"length", usage=usage(3, 1))
         + HEAD
-        + b'[],"usage":{"prompt_tokens":3,"total_tokens":4,"completion_tokens":1,'
-        b'"prompt_tokens_details":{"cached_tokens":0}}}\n\n' + DONE
+        + b'[],"usage":{"prompt_tokens":3,"total_tokens":4,"completion_tokens":1}}\n\n'
+        + DONE
     }
 
 
@@ -159,10 +165,7 @@ def test_echo_prepends_each_prompt_to_its_choices_first_chunk() -> None:
 def test_usage_counts_each_prompt_once_and_every_choice() -> None:
     outputs = [(("a",), "length"), (("b", "c"), "length"), (("d",), "length"), ((), "stop")]
     run, _ = stream(outputs, choices_per_prompt=2, include_usage=True, prompt_tokens=4)
-    usage = (
-        HEAD + b'[],"usage":{"prompt_tokens":8,"total_tokens":12,"completion_tokens":4,'
-        b'"prompt_tokens_details":{"cached_tokens":0}}}\n\n'
-    )
+    usage = HEAD + b'[],"usage":{"prompt_tokens":8,"total_tokens":12,"completion_tokens":4}}\n\n'
     assert run.response.body.endswith(usage + DONE)
     indexes = [int(part.split(b",", 1)[0]) for part in run.response.body.split(b'"choices":[{"index":')[1:]]
     assert sorted(set(indexes)) == [0, 1, 2, 3]
@@ -176,18 +179,26 @@ def test_non_streaming_body_exact_bytes() -> None:
     run.run()
     assert sink.done.is_set()
     body = completion_body(
-        response_id="cmpl-1", created=1, model="m", jobs=jobs[::-1], choices_per_prompt=1, echo_prompts=["A", "B"]
+        response_id="cmpl-1",
+        created=1,
+        model="m",
+        jobs=jobs[::-1],
+        choices_per_prompt=1,
+        echo_prompts=["A", "B"],
+        fingerprint="vllm-0.33.0-0123abcd",
     )
+    # CompletionResponse dumped whole (vllm/entrypoints/openai/completion/protocol.py:674-725,
+    # serving.py:704-714): weight_versions, UsageInfo's null details, ec_transfer_params, metrics
     assert body == (
         b'{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":['
         b'{"index":0,"text":"A Paris,","logprobs":null,"finish_reason":"length","stop_reason":null,"token_ids":null,'
-        b'"prompt_logprobs":null,"prompt_token_ids":null,"routed_experts":null},'
+        b'"prompt_logprobs":null,"prompt_token_ids":null,"routed_experts":null,"weight_versions":null},'
         b'{"index":1,"text":"B!","logprobs":null,"finish_reason":"stop","stop_reason":null,"token_ids":null,'
-        b'"prompt_logprobs":null,"prompt_token_ids":null,"routed_experts":null}],'
-        b'"service_tier":null,"system_fingerprint":null,'
+        b'"prompt_logprobs":null,"prompt_token_ids":null,"routed_experts":null,"weight_versions":null}],'
+        b'"service_tier":null,"system_fingerprint":"vllm-0.33.0-0123abcd",'
         b'"usage":{"prompt_tokens":6,"total_tokens":9,"completion_tokens":3,'
-        b'"prompt_tokens_details":{"cached_tokens":0}},'
-        b'"kv_transfer_params":null}'
+        b'"prompt_tokens_details":null,"completion_tokens_details":null},'
+        b'"kv_transfer_params":null,"ec_transfer_params":null,"metrics":null}'
     )
 
 
@@ -224,3 +235,75 @@ def test_non_streaming_echo_without_generation_is_the_prompt_alone() -> None:
     )
     assert (body["choices"][0]["text"], body["choices"][0]["finish_reason"]) == ("Say hi", "length")
     assert body["usage"]["completion_tokens"] == 1
+
+
+FINGERPRINT = b',"system_fingerprint":"vllm-0.33.0-0123abcd"'
+
+
+def fingerprinted_stream(outputs: Sequence[tuple[tuple[str, ...], str]], *, include_usage: bool) -> bytes:
+    run = EngineRun(**LATENCY)
+    renderer = CompletionStreamRenderer(
+        response_id="cmpl-1",
+        created=1,
+        model="m",
+        choices=len(outputs),
+        choices_per_prompt=1,
+        include_usage=include_usage,
+        fingerprint="vllm-0.33.0-0123abcd",
+        usage_style=UsageStyle(prompt_details=True, created_cache_tokens=False),
+    )
+    sink = run.streaming_sink(renderer, len(outputs))
+    run.submit([make_job(sink, pieces, reason, index=i) for i, (pieces, reason) in enumerate(outputs)])
+    run.run()
+    return run.response.body
+
+
+def test_the_fingerprint_rides_on_each_finishing_chunk_without_a_usage_chunk() -> None:
+    """``system_fingerprint`` on a chunk with a finish_reason only, when no usage chunk
+    follows (vllm/entrypoints/openai/completion/serving.py:467-476), before
+    ``kv_transfer_params`` (protocol.py:748-764)."""
+    finish = b'"stop_reason":null,"prompt_token_ids":null,"token_ids":null,"weight_versions":null}]'
+    assert fingerprinted_stream([(("a", ""), "stop")], include_usage=False) == (
+        chunk(b"a")
+        + HEAD
+        + b'[{"index":0,"text":"","logprobs":null,"finish_reason":"stop",'
+        + finish
+        + FINGERPRINT
+        + b',"kv_transfer_params":null}\n\n'
+        + DONE
+    )
+
+
+def test_with_a_usage_chunk_the_fingerprint_and_cached_tokens_go_on_it() -> None:
+    """With ``include_usage`` the usage chunk alone carries the fingerprint, dumped with
+    exclude_none (serving.py:535-546); --enable-prompt-tokens-details adds
+    ``{"cached_tokens": N}`` alone (serving.py:508-511)."""
+    assert fingerprinted_stream([(("a", ""), "stop")], include_usage=True) == (
+        chunk(b"a")
+        + chunk(b"", b"stop")
+        + HEAD
+        + b'[],"usage":{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2,'
+        + b'"prompt_tokens_details":{"cached_tokens":0}}'
+        + FINGERPRINT
+        + b"}\n\n"
+        + DONE
+    )
+
+
+def test_prompt_tokens_details_in_the_body_with_the_flag() -> None:
+    """``PromptTokenUsageInfo(cached_tokens=N)`` dumped whole (serving.py:668-675;
+    vllm/entrypoints/serve/engine/protocol.py:121-128): no cache-write count."""
+    run = EngineRun(**LATENCY)
+    sink = CollectingSink(1)
+    job = make_job(sink, ("a",), "length", prompt_tokens=35)
+    run.submit([job])
+    run.run()
+    style = UsageStyle(prompt_details=True, created_cache_tokens=False)
+    body = completion_body(
+        response_id="cmpl-1", created=1, model="m", jobs=[job], choices_per_prompt=1, usage_style=style
+    )
+    assert orjson.loads(body)["usage"]["prompt_tokens_details"] == {
+        "cached_tokens": 0,
+        "created_cache_tokens": None,
+        "multimodal_tokens": None,
+    }

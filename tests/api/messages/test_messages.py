@@ -64,7 +64,11 @@ async def test_stream_starts_with_the_first_token(autojump_clock: MockClock) -> 
         ({"model": "llmsim/sim-model", "messages": HELLO}, "max_tokens: Field required"),
         (message(max_tokens=0), "max_tokens: must be greater than or equal to 1"),
         (message(messages=[]), "messages: at least one message is required"),
-        ({"model": "llmsim/sim-model", "max_tokens": 5}, "Field 'messages' is required."),
+        # vLLM's request-validation text (vllm/entrypoints/serve/exception_handling/handlers/validation.py:149-196)
+        (
+            {"model": "llmsim/sim-model", "max_tokens": 5},
+            "{'type': 'missing', 'loc': 'body.messages', 'msg': 'Field required'",
+        ),
         (
             message(messages=[{"role": "system", "content": "x"}]),
             "messages.0.role: Input should be 'user' or 'assistant'",
@@ -79,7 +83,7 @@ async def test_stream_starts_with_the_first_token(autojump_clock: MockClock) -> 
         ),
         (message(messages=[{"role": "user", "content": [{"type": "tool_result"}]}]), "tool_use_id: Field required"),
         (message(messages=[{"role": "user", "content": [{"type": "video"}]}]), "Unknown content block type 'video'"),
-        (message(max_tokens="5"), "Invalid type for 'max_tokens'"),
+        (message(max_tokens="x"), "{'type': 'int_parsing', 'loc': 'body.max_tokens'"),
         (message(tools=TOOLS, tool_choice={"type": "tool"}), "tool_choice.name: Field required"),
         (message(tools=TOOLS, tool_choice={"type": "tool", "name": "nope"}), "Tool 'nope' not found"),
         (message(tools=TOOLS, tool_choice={"type": "sometimes"}), "tool_choice.type: Input should be"),
@@ -105,7 +109,10 @@ async def test_not_found_malformed_json_and_wrong_method(autojump_clock: MockClo
     assert unknown.status == 404
     assert unknown.json() == {
         "type": "error",
-        "error": {"type": "not_found_error", "message": "The model `claude-nope` does not exist."},
+        "error": {
+            "type": "not_found_error",
+            "message": "The model `claude-nope` does not exist. Valid aliases: llmsim/sim-model.",
+        },
     }
     assert malformed.status == 400 and malformed.json()["error"]["type"] == "invalid_request_error"
     assert wrong_method.status == 405
@@ -177,7 +184,9 @@ async def test_count_tokens_matches_usage_and_history_counts(autojump_clock: Moc
         created = await post(sim, PATH, message(**fields, tool_choice={"type": "none"}))
         short = await post(sim, f"{PATH}/count_tokens", {"model": "llmsim/sim-model", "messages": HELLO})
         bad = await post(sim, f"{PATH}/count_tokens", {"model": "llmsim/sim-model", "messages": []})
-    assert counted.json() == {"input_tokens": created.json()["usage"]["input_tokens"]}
+    tokens = created.json()["usage"]["input_tokens"]
+    # vllm/entrypoints/anthropic/serving.py:1276-1281 (dumped with exclude_none)
+    assert counted.body == b'{"input_tokens":%d,"context_management":{"original_input_tokens":%d}}' % (tokens, tokens)
     assert short.json()["input_tokens"] < counted.json()["input_tokens"]
     assert bad.status == 400 and bad.json()["type"] == "error"
 

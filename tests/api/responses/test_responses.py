@@ -5,6 +5,7 @@ store (previous_response_id, GET, DELETE, 404)."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import jsonschema
@@ -50,7 +51,8 @@ async def test_non_streaming_text_turn(autojump_clock: MockClock) -> None:
     assert body["object"] == "response" and body["created_at"] == CREATED and body["id"].startswith("resp_")
     assert body["status"] == "incomplete" and body["incomplete_details"] == {"reason": "max_output_tokens"}
     [message] = body["output"]
-    assert message["id"] == "msg_" + body["id"][len("resp_") :]
+    # msg_ ids are vLLM's own random ids, not the response's (vllm/entrypoints/openai/responses/serving.py:1071)
+    assert re.fullmatch(r"msg_[0-9a-f]{16}", message["id"]) and message["id"][4:] != body["id"][5:]
     assert message["type"] == "message" and message["role"] == "assistant" and message["status"] == "incomplete"
     assert message["content"][0]["type"] == "output_text" and message["content"][0]["text"]
     assert body["usage"]["output_tokens"] == 4
@@ -78,7 +80,7 @@ async def test_stream_head_is_sent_at_once_and_content_after_ttft(autojump_clock
     ("body", "param", "message"),
     [
         ({}, "input", "input is required"),
-        ({"input": 5}, "input", "Invalid type for 'input'"),
+        ({"input": 5}, "body.input", "Invalid type for 'input'"),
         # SamplingParams refuses a cap below 1 under the name max_tokens (vllm/sampling_params.py:691-696)
         (
             {"input": "x", "max_output_tokens": 0},
@@ -97,7 +99,12 @@ async def test_stream_head_is_sent_at_once_and_content_after_ttft(autojump_clock
             "logprobs",
             "logprobs must be non-negative or -1, got -2. (parameter=logprobs, value=-2)",
         ),
-        ({"input": "x", "stream": "yes"}, "stream", "Invalid type"),
+        # vllm/entrypoints/serve/exception_handling/handlers/validation.py:149-196
+        (
+            {"input": "x", "stream": "yes"},
+            "body.stream",
+            "'msg': 'Input should be a valid boolean, unable to interpret input'",
+        ),
         ({"input": [{"type": "message", "content": "x"}]}, "input[0].role", "required"),
         ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role", "Invalid role"),
         (
@@ -149,14 +156,17 @@ async def test_validation_errors(autojump_clock: MockClock, body: dict[str, Any]
         response = await post(sim, PATH, body)
     assert response.status == 400, response.body
     error = response.json()["error"]
-    assert error["type"] == "BadRequestError" and error["code"] == 400
+    kind = "Bad Request" if param.startswith("body") else "BadRequestError"  # request validation or not
+    assert error["type"] == kind and error["code"] == 400
     assert error["param"] == param and message in error["message"]
 
 
 async def test_unknown_model(autojump_clock: MockClock) -> None:
     async with running() as sim:
         unknown = await post(sim, PATH, {"model": "nope", "input": "x"})
-    assert unknown.status == 404 and unknown.json()["error"]["message"] == "The model `nope` does not exist."
+    # vllm/entrypoints/serve/engine/serving.py:75-84
+    assert unknown.status == 404
+    assert unknown.json()["error"]["message"] == "The model `nope` does not exist. Valid aliases: llmsim/sim-model."
 
 
 async def prompt_tokens_of(body: dict[str, Any]) -> int:
@@ -251,7 +261,10 @@ async def test_tool_turn_rules(autojump_clock: MockClock) -> None:
         [item] = response.json()["output"]
         jsonschema.validate(json.loads(item["arguments"]), SCHEMA)
         assert item["name"] == "get_weather" and item["status"] == "completed"
-        assert item["call_id"].startswith("call_") and item["id"].startswith("fc_")
+        # vllm/entrypoints/openai/responses/streaming_events.py:1057-1059, utils.py:162-164
+        assert re.fullmatch(r"chatcmpl-tool-[0-9a-f]{16}", item["call_id"]) and re.fullmatch(
+            r"fc_[0-9a-f]{16}", item["id"]
+        )
     for response in (none, after_output, hosted_only):
         assert output_types(response) == ["message"], response.body
     assert custom.json()["tool_choice"] == {"type": "custom", "name": "c"}
@@ -313,7 +326,7 @@ async def test_store_get_delete_and_404(autojump_clock: MockClock) -> None:
         deleted = await get(sim, f"{PATH}/{stored.json()['id']}", method="DELETE")
         after_delete = await get(sim, f"{PATH}/{stored.json()['id']}")
     assert got.status == 200 and got.body == stored.body
-    assert unstored.json()["store"] is False
+    assert "store" not in unstored.json()  # vLLM's response object has no store key (protocol.py:870-1033)
     assert got_streamed.json() == completed
     assert got_unstored.status == 404
     assert got_unstored.json() == {
@@ -396,7 +409,8 @@ async def test_x_request_id_names_the_response(autojump_clock: MockClock) -> Non
         response = await post(sim, PATH, {"input": "x", "tools": TOOLS}, headers=((b"x-request-id", b"r42"),))
     body = response.json()
     assert body["id"] == "resp_r42" and response.headers[b"x-request-id"] == b"r42"
-    assert (body["output"][0]["id"], body["output"][0]["call_id"]) == ("fc_r42", "call_r42")
+    # item ids are drawn independently of the request id (vllm/entrypoints/openai/responses/streaming_events.py:1057)
+    assert body["output"][0]["id"] != "fc_r42" and body["output"][0]["call_id"].startswith("chatcmpl-tool-")
 
 
 async def test_full_queue_is_a_429_before_the_stream_starts(autojump_clock: MockClock) -> None:
@@ -409,3 +423,57 @@ async def test_full_queue_is_a_429_before_the_stream_starts(autojump_clock: Mock
         refused = await post(sim, PATH, {"input": "x", "stream": True})
         nursery.cancel_scope.cancel()
     assert refused.status == 429 and refused.json()["error"]["type"] == "RateLimitError"
+
+
+async def test_response_object_has_vllms_keys_in_vllms_order(autojump_clock: MockClock) -> None:
+    """vllm/entrypoints/openai/responses/protocol.py:870-1033 (``from_request``): no error,
+    completed_at or store; max_output_tokens the engine's cap (an int even when the request
+    has none); text as the request sent it (null without); top_logprobs null unless
+    ``include`` asks for logprobs (protocol.py:635); usage details as serving.py:896-919."""
+    async with running(seed=1, max_model_len=2048) as sim:
+        plain = await post(sim, PATH, {"input": "Hello", "max_output_tokens": 3, "temperature": 0, "top_p": 0.5})
+        uncapped = await post(sim, PATH, {"input": "Hello", "text": {"format": {"type": "text"}}})
+        logprobs = await post(sim, PATH, {"input": "Hello", "include": [LOGPROBS], "max_output_tokens": 2})
+    body = plain.json()
+    assert list(body) == [
+        "id", "created_at", "incomplete_details", "instructions", "metadata", "model", "object", "output",
+        "parallel_tool_calls", "temperature", "tool_choice", "tools", "top_p", "background", "max_output_tokens",
+        "max_tool_calls", "previous_response_id", "prompt", "prompt_cache_options", "prompt_cache_key",
+        "prompt_cache_retention", "reasoning", "safety_identifier", "service_tier", "status", "text", "top_logprobs",
+        "truncation", "usage", "user", "presence_penalty", "frequency_penalty", "kv_transfer_params",
+        "ec_transfer_params", "input_messages", "output_messages",
+    ]  # fmt: skip
+    # greedy sampling reports top_p 1 (vllm/sampling_params.py:616-619)
+    assert (body["temperature"], body["top_p"], body["presence_penalty"]) == (0.0, 1.0, 0.0)
+    assert (body["max_output_tokens"], body["text"], body["top_logprobs"]) == (3, None, None)
+    assert body["usage"]["input_tokens_details"] == {
+        "cached_tokens": 0,
+        "cache_write_tokens": 0,
+        "input_tokens_per_turn": [],
+        "cached_tokens_per_turn": [],
+    }
+    assert body["usage"]["output_tokens_details"] == {
+        "reasoning_tokens": 0,
+        "tool_output_tokens": 0,
+        "output_tokens_per_turn": [],
+        "tool_output_tokens_per_turn": [],
+    }
+    # no max_output_tokens: the room the context leaves (serving.py:428-441)
+    prompt_tokens = uncapped.json()["usage"]["input_tokens"]
+    assert uncapped.json()["max_output_tokens"] == 2048 - prompt_tokens
+    assert uncapped.json()["text"] == {"format": {"type": "text"}}
+    assert logprobs.json()["top_logprobs"] == 0
+
+
+async def test_the_store_can_be_turned_off(autojump_clock: MockClock) -> None:
+    """--no-enable-responses-store: vLLM without VLLM_ENABLE_RESPONSES_API_STORE serves the
+    request unstored (serving.py:355-363); GET and previous_response_id are then its 404."""
+    async with running(enable_responses_store=False) as sim:
+        created = await post(sim, PATH, {"input": "Hello", "max_output_tokens": 2})
+        response_id = created.json()["id"]
+        fetched = await get(sim, f"{PATH}/{response_id}")
+        chained = await post(sim, PATH, {"input": "x", "previous_response_id": response_id})
+    assert created.status == 200
+    assert (fetched.status, chained.status) == (404, 404)
+    assert fetched.body == chained.body
+    assert fetched.json()["error"]["message"] == f"Response with id '{response_id}' not found."

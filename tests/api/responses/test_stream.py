@@ -18,14 +18,30 @@ from tests.api.fakes import EngineRun, turn_job
 
 LATENCY = {"time_to_first_token": 0.1, "inter_token_latency": 0.01}
 SHELL = ResponseShell(response_id="resp_1", created_at=1, model="m", max_output_tokens=16)
-IDS = TurnIds.of("1")
+IDS = TurnIds("msg_1", "fc_1", "call_1")
+# vLLM's ResponsesResponse keys in order (vllm/entrypoints/openai/responses/protocol.py:870-1033):
+# no error/completed_at/store; text and top_logprobs null when the request has neither.
+MIDDLE = (
+    b'"max_output_tokens":16,"max_tool_calls":null,"previous_response_id":null,"prompt":null,'
+    b'"prompt_cache_options":null,"prompt_cache_key":null,"prompt_cache_retention":null,"reasoning":null,'
+    b'"safety_identifier":null,"service_tier":"auto",'
+)
+TAIL = (
+    b'"presence_penalty":0.0,"frequency_penalty":0.0,"kv_transfer_params":null,"ec_transfer_params":null,'
+    b'"input_messages":null,"output_messages":null}'
+)
+# vllm/entrypoints/openai/responses/protocol.py:98-117
+USAGE = (
+    b'{"input_tokens":3,"input_tokens_details":{"cached_tokens":0,"cache_write_tokens":0,"input_tokens_per_turn":[],'
+    b'"cached_tokens_per_turn":[]},"output_tokens":2,"output_tokens_details":{"reasoning_tokens":0,'
+    b'"tool_output_tokens":0,"output_tokens_per_turn":[],"tool_output_tokens_per_turn":[]},"total_tokens":5}'
+)
 # The response object of response.created / response.in_progress.
 IN_PROGRESS = (
-    b'{"id":"resp_1","created_at":1,"error":null,"incomplete_details":null,"instructions":null,"metadata":null,'
+    b'{"id":"resp_1","created_at":1,"incomplete_details":null,"instructions":null,"metadata":null,'
     b'"model":"m","object":"response","output":[],"parallel_tool_calls":true,"temperature":1.0,"tool_choice":"auto",'
-    b'"tools":[],"top_p":1.0,"background":false,"completed_at":null,"max_output_tokens":16,"max_tool_calls":null,'
-    b'"previous_response_id":null,"prompt":null,"reasoning":null,"service_tier":"auto","status":"in_progress",'
-    b'"store":true,"text":{"format":{"type":"text"}},"top_logprobs":0,"truncation":"disabled","usage":null,"user":null}'
+    b'"tools":[],"top_p":1.0,"background":false,' + MIDDLE + b'"status":"in_progress",'
+    b'"text":null,"top_logprobs":null,"truncation":"disabled","usage":null,"user":null,' + TAIL
 )
 HEAD = (
     b'event: response.created\ndata: {"response":'
@@ -41,7 +57,7 @@ def run_stream(
     plan: TurnPlan, logprobs: TokenLogprobs | None = None
 ) -> tuple[EngineRun, ResponsesStreamRenderer, StreamingSink]:
     run = EngineRun(**LATENCY)
-    renderer = ResponsesStreamRenderer(shell=SHELL, plan=plan, ids=IDS, logprobs=logprobs, clock=lambda: 2.0)
+    renderer = ResponsesStreamRenderer(shell=SHELL, plan=plan, ids=IDS, logprobs=logprobs)
     sink = run.streaming_sink(renderer, 1)
     job = turn_job(sink, plan, cap=16)
     run.submit([job])
@@ -89,16 +105,17 @@ def test_text_turn_exact_bytes() -> None:
             b'data: {"item":' + final_message + b',"output_index":0,"sequence_number":8,'
             b'"type":"response.output_item.done"}\n\n'
             b"event: response.completed\n"
-            b'data: {"response":{"id":"resp_1","created_at":1,"error":null,"incomplete_details":null,'
+            b'data: {"response":{"id":"resp_1","created_at":1,"incomplete_details":null,'
             b'"instructions":null,"metadata":null,"model":"m","object":"response","output":['
             + final_message
             + b'],"parallel_tool_calls":true,'
-            b'"temperature":1.0,"tool_choice":"auto","tools":[],"top_p":1.0,"background":false,"completed_at":2,'
-            b'"max_output_tokens":16,"max_tool_calls":null,"previous_response_id":null,"prompt":null,"reasoning":null,'
-            b'"service_tier":"auto","status":"completed","store":true,"text":{"format":{"type":"text"}},"top_logprobs":0,'
-            b'"truncation":"disabled","usage":{"input_tokens":3,"input_tokens_details":{"cached_tokens":0},'
-            b'"output_tokens":2,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":5},"user":null},'
-            b'"sequence_number":9,"type":"response.completed"}\n\n'
+            b'"temperature":1.0,"tool_choice":"auto","tools":[],"top_p":1.0,"background":false,'
+            + MIDDLE
+            + b'"status":"completed","text":null,"top_logprobs":null,"truncation":"disabled","usage":'
+            + USAGE
+            + b',"user":null,'
+            + TAIL
+            + b',"sequence_number":9,"type":"response.completed"}\n\n'
         ),
     }
     assert renderer.final is not None and renderer.final["status"] == "completed"
@@ -119,17 +136,18 @@ def test_a_turn_cut_by_max_output_tokens_ends_with_response_incomplete_exact_byt
         b'data: {"item":' + final_message + b',"output_index":0,"sequence_number":8,'
         b'"type":"response.output_item.done"}\n\n'
         b"event: response.incomplete\n"
-        b'data: {"response":{"id":"resp_1","created_at":1,"error":null,'
+        b'data: {"response":{"id":"resp_1","created_at":1,'
         b'"incomplete_details":{"reason":"max_output_tokens"},'
         b'"instructions":null,"metadata":null,"model":"m","object":"response","output":['
         + final_message
         + b'],"parallel_tool_calls":true,'
-        b'"temperature":1.0,"tool_choice":"auto","tools":[],"top_p":1.0,"background":false,"completed_at":2,'
-        b'"max_output_tokens":16,"max_tool_calls":null,"previous_response_id":null,"prompt":null,"reasoning":null,'
-        b'"service_tier":"auto","status":"incomplete","store":true,"text":{"format":{"type":"text"}},'
-        b'"top_logprobs":0,"truncation":"disabled","usage":{"input_tokens":3,"input_tokens_details":{"cached_tokens":0},'
-        b'"output_tokens":2,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":5},"user":null},'
-        b'"sequence_number":9,"type":"response.incomplete"}\n\n'
+        b'"temperature":1.0,"tool_choice":"auto","tools":[],"top_p":1.0,"background":false,'
+        + MIDDLE
+        + b'"status":"incomplete","text":null,"top_logprobs":null,"truncation":"disabled","usage":'
+        + USAGE
+        + b',"user":null,'
+        + TAIL
+        + b',"sequence_number":9,"type":"response.incomplete"}\n\n'
     )
     assert b"response.completed" not in run.response.body
     assert renderer.final is not None and renderer.final["status"] == "incomplete"
@@ -200,7 +218,7 @@ def events(body: bytes) -> list[tuple[str, dict[str, object]]]:
 def test_catch_up_steps_keep_sequence_numbers_and_content_index() -> None:
     run = EngineRun(time_to_first_token=0.1, inter_token_latency=0.01)
     plan = text_plan("a ", "b ", "c ", "d ", "e", finish="length")
-    renderer = ResponsesStreamRenderer(shell=SHELL, plan=plan, ids=IDS, logprobs=None, clock=lambda: 2.0)
+    renderer = ResponsesStreamRenderer(shell=SHELL, plan=plan, ids=IDS, logprobs=None)
     sink = run.streaming_sink(renderer, 1)
     run.submit([turn_job(sink, plan, cap=5)])
     run.response.write(renderer.head())
@@ -232,7 +250,7 @@ def test_logprobs_in_deltas_and_final_part_agree() -> None:
 def test_in_band_error_event_ends_the_stream() -> None:
     run = EngineRun(**LATENCY)
     plan = text_plan("Hello", " world")
-    renderer = ResponsesStreamRenderer(shell=SHELL, plan=plan, ids=IDS, logprobs=None, clock=lambda: 2.0)
+    renderer = ResponsesStreamRenderer(shell=SHELL, plan=plan, ids=IDS, logprobs=None)
     sink = run.streaming_sink(renderer, 1)
     run.submit([turn_job(sink, plan, cap=16)])
     run.response.write(renderer.head())
