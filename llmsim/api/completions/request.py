@@ -4,7 +4,7 @@ Structured from JSON by :mod:`llmsim.api.structure` (strict types, unknown field
 ignored); the fields completions shares with chat are
 :class:`~llmsim.api.request_fields.GenerationParams`, the prompt is one of the four
 :data:`~llmsim.api.request_fields.Prompt` forms.  Unlike chat's, ``max_tokens``
-defaults to 16, as in vLLM, but only when absent: ``null`` means no cap but the context.
+defaults to 16, as in vLLM, whether absent or ``null``.
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ class CompletionRequest(GenerationParams):
 
 
 def parse_completion_request(body: dict[str, Any]) -> CompletionRequest:
+    if "max_tokens" in body and body["max_tokens"] is None:
+        # vLLM 0.33 turns an explicit null into the default (completion/protocol.py:451-456)
+        body = {**body, "max_tokens": COMPLETIONS_DEFAULT_MAX_TOKENS}
     request = structure(body, CompletionRequest)
     if request.suffix is not None:
         raise _suffix_error(request)

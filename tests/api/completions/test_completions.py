@@ -63,10 +63,13 @@ async def test_the_four_prompt_forms(prompt: Any, prompt_tokens: list[int] | Non
 
 
 async def test_default_max_tokens_is_vllms_16(autojump_clock: MockClock) -> None:
+    # absent or null: vllm/entrypoints/openai/completion/protocol.py:64 and :451-456 (normalize_null_max_tokens)
     async with running() as sim:
-        response = await post(sim, PATH, completion(ignore_eos=True))
-    assert response.json()["usage"]["completion_tokens"] == COMPLETIONS_DEFAULT_MAX_TOKENS == 16
-    assert response.json()["choices"][0]["finish_reason"] == "length"
+        absent = await post(sim, PATH, completion(ignore_eos=True))
+        null = await post(sim, PATH, completion(ignore_eos=True, max_tokens=None))
+    for response in (absent, null):
+        assert response.json()["usage"]["completion_tokens"] == COMPLETIONS_DEFAULT_MAX_TOKENS == 16
+        assert response.json()["choices"][0]["finish_reason"] == "length"
 
 
 async def test_echo_mode_replays_text_and_token_prompts(autojump_clock: MockClock) -> None:
@@ -162,7 +165,7 @@ async def test_context_length_clamps_the_default_16_tokens(autojump_clock: MockC
     assert over.json()["usage"]["completion_tokens"] == 15
     assert over.json()["choices"][0]["finish_reason"] == "length"
     assert fits.json()["usage"]["completion_tokens"] == 16
-    assert unset.json()["usage"]["completion_tokens"] == 15  # max_tokens null: the rest of the context
+    assert unset.json()["usage"]["completion_tokens"] == 15  # max_tokens null: the default 16, clamped
 
 
 def bad_request(message: str, param: str) -> dict[str, Any]:
