@@ -117,8 +117,9 @@ class GenerationParams(SamplingFields):
 
 def check_generation_params(request: GenerationParams) -> None:
     """Value rules shared by chat and completions; ApiError 400 on the first broken one."""
-    if request.stream_options is not None and not request.streaming:
-        # vllm/entrypoints/openai/chat_completion/protocol.py:858-868 (a model validator, so first)
+    if request.stream_options not in (None, StreamOptions()) and not request.streaming:
+        # vllm/entrypoints/openai/chat_completion/protocol.py:858-868 (a model validator, so first);
+        # vLLM tests the dict's truth, so an empty `stream_options: {}` passes
         message = "Stream options can only be defined when `stream=True`."
         raise validation_error(message, parameter="stream_options")
     # completions' echo with max_tokens 0 asks vLLM for one token (completion/protocol.py:393)

@@ -1,17 +1,21 @@
-"""Strict JSON -> attrs structuring of request bodies, with errors that name the field.
+"""JSON -> attrs structuring of request bodies as vLLM's pydantic models read them, with
+errors that name the field.
 
-cattrs does the walking; the hooks registered here make it strict the way a JSON API
-must be: an integer field takes an integer (not ``"5"``, not ``true``), a list field
-takes a JSON array (not a string it could iterate), an object field takes a JSON
-object.  Unknown keys are ignored (vLLM ignores many sampling fields).  Every failure
+cattrs does the walking; the hooks registered here read scalars as pydantic 2's lax mode
+does (vLLM's request models are pydantic): an integer field takes ``5``, ``5.0``,
+``"5"``, ``" 5 "``, ``"1_000"`` or ``true``; a number field takes a numeric string; a
+boolean field takes ``0``/``1`` and ``"yes"``/``"off"``/``"t"``...; a string field takes
+only a string.  A list field takes a JSON array (not a string it could iterate), an
+object field takes a JSON object.  Unknown keys are ignored (vLLM ignores many sampling
+fields).  Every failure
 becomes an :class:`~llmsim.api.errors.ApiError` 400 as vLLM renders FastAPI's
 ``RequestValidationError``: type ``Bad Request``, ``param`` the field's location, e.g.
 ``body.messages.0.content``, and pydantic's error for it (:func:`request_validation_error`).
-llmsim stays strict where pydantic's lax mode would coerce (``"5"`` for an integer).
 """
 
 from __future__ import annotations
 
+import re
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -57,19 +61,34 @@ def json_type_name(value: object) -> str:
     return type(value).__name__
 
 
+#: A string pydantic's lax mode reads as an integer: digits with ``_`` between them, an
+#: optional sign, surrounding blanks, and a fraction of zeros (``" 5 "``, ``"1_000"``, ``"5.0"``).
+_INTEGER_TEXT = re.compile(r"\s*([+-]?[0-9](?:_?[0-9])*)(?:\.0*)?\s*")
+#: The strings pydantic's lax mode reads as booleans (case-insensitive).
+_TRUE_TEXTS = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE_TEXTS = frozenset({"0", "off", "f", "false", "n", "no"})
+
+
 def _structure_int(value: object, _: type) -> int:
-    if isinstance(value, bool):
-        raise FieldTypeError("an integer", value)
-    if isinstance(value, int):
-        return value
+    if isinstance(value, int):  # bool included: pydantic's lax mode reads true as 1
+        return int(value)
     if isinstance(value, float) and value.is_integer():
         return int(value)
+    if isinstance(value, str):
+        match = _INTEGER_TEXT.fullmatch(value)
+        if match is not None:
+            return int(match.group(1).replace("_", ""))
     raise FieldTypeError("an integer", value)
 
 
 def _structure_float(value: object, _: type) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if isinstance(value, int | float):  # bool included, as in pydantic's lax mode
         return float(value)
+    if isinstance(value, str) and value.strip():
+        try:
+            return float(value)  # Python's float() reads what pydantic does: "1e3", " 2.5 ", "1_0", "inf"
+        except ValueError:
+            pass
     raise FieldTypeError("a number", value)
 
 
@@ -82,6 +101,12 @@ def _structure_str(value: object, _: type) -> str:
 def _structure_bool(value: object, _: type) -> bool:
     if isinstance(value, bool):
         return value
+    if isinstance(value, int | float) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        text = value.lower()
+        if text in _TRUE_TEXTS or text in _FALSE_TEXTS:
+            return text in _TRUE_TEXTS
     raise FieldTypeError("a boolean", value)
 
 

@@ -122,6 +122,7 @@ class TextConfig:
 @attrs.frozen(kw_only=True)
 class ResponsesRequest(SamplingFields):
     model: str | None = None
+    request_id: str | None = None  # vLLM: the response's id (responses/protocol.py:357-364)
     input: ResponsesInput | None = None
     instructions: str | None = None
     max_output_tokens: int | None = None

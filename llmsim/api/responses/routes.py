@@ -98,7 +98,7 @@ async def create_response(call: Call) -> None:
     prompt = _checked_prompt(ctx, request, turns)
     top_logprobs = _checked_top_logprobs(ctx, request)
 
-    identity = RequestIdentity.of(call, "resp_")
+    identity = _identity(call, request)
     request_id = identity.request_id
     ids = TurnIds.of(random.Random(f"{ctx.model.seed}:{request_id}:ids"))
     cap = output_cap(ctx, len(prompt), request.max_output_tokens)
@@ -283,3 +283,12 @@ def register(router: Router) -> None:
     router.add("GET", "/v1/responses/{response_id}", retrieve_response)
     router.add("DELETE", "/v1/responses/{response_id}", delete_response)
     router.add("POST", "/v1/responses/{response_id}/cancel", cancel_response)
+
+
+def _identity(call: Call, request: ResponsesRequest) -> RequestIdentity:
+    """vLLM names a response by the body's ``request_id``, as given (default
+    ``resp_<16 hex>``; responses/protocol.py:357-364, serving.py:1115), and ignores
+    ``X-Request-Id`` there; llmsim still honours the header when the body has none."""
+    if request.request_id is not None:
+        return RequestIdentity(request.request_id, request.request_id, ())
+    return RequestIdentity.of(call, "resp_")

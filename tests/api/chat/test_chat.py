@@ -187,7 +187,7 @@ async def test_media_blocks_cost_a_few_placeholder_tokens(autojump_clock: MockCl
         ),
         (chat(n="x"), 400, "body.n", "unable to parse string as an integer"),
         (chat(n=0), 400, None, "n must be at least 1, got 0."),  # vllm/sampling_params.py:53-54
-        (chat(stream="yes"), 400, "body.stream", "Input should be a valid boolean, unable to interpret input"),
+        (chat(stream="maybe"), 400, "body.stream", "Input should be a valid boolean, unable to interpret input"),
         # vllm/sampling_params.py:691-696: the param is max_tokens whatever field was sent
         (
             chat(max_tokens=0),
@@ -223,6 +223,14 @@ async def test_invalid_requests(
     body_error = param is not None and param.startswith("body")
     assert error["type"] == ("NotFoundError" if status == 404 else "Bad Request" if body_error else "BadRequestError")
     assert statistics.submitted == 0
+
+
+async def test_empty_stream_options_without_stream_are_accepted(autojump_clock: MockClock) -> None:
+    # vllm/entrypoints/openai/chat_completion/protocol.py:863: `data.get("stream_options")` is falsy for {}
+    async with running() as sim:
+        response = await post(sim, PATH, chat(max_tokens=2, stream_options={}))
+    assert response.status == 200
+    assert response.json()["object"] == "chat.completion"
 
 
 async def test_malformed_json_is_400(autojump_clock: MockClock) -> None:

@@ -126,7 +126,7 @@ async def test_x_request_id(autojump_clock: MockClock) -> None:
             "max_tokens",
             "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
         ),
-        (completion(echo="yes"), 400, "body.echo", "valid boolean"),
+        (completion(echo="maybe"), 400, "body.echo", "valid boolean"),
         (
             completion(stream_options={"include_usage": True}),
             400,
@@ -134,7 +134,7 @@ async def test_x_request_id(autojump_clock: MockClock) -> None:
             "only be defined when `stream=True`.",
         ),
         (
-            completion(stream=True, stream_options={"include_usage": 1}),
+            completion(stream=True, stream_options={"include_usage": 2}),
             400,
             "body.stream_options.include_usage",
             "boolean",

@@ -101,7 +101,7 @@ async def test_stream_head_is_sent_at_once_and_content_after_ttft(autojump_clock
         ),
         # vllm/entrypoints/serve/exception_handling/handlers/validation.py:149-196
         (
-            {"input": "x", "stream": "yes"},
+            {"input": "x", "stream": "maybe"},
             "body.stream",
             "'msg': 'Input should be a valid boolean, unable to interpret input'",
         ),
@@ -411,6 +411,18 @@ async def test_x_request_id_names_the_response(autojump_clock: MockClock) -> Non
     assert body["id"] == "resp_r42" and response.headers[b"x-request-id"] == b"r42"
     # item ids are drawn independently of the request id (vllm/entrypoints/openai/responses/streaming_events.py:1057)
     assert body["output"][0]["id"] != "fc_r42" and body["output"][0]["call_id"].startswith("chatcmpl-tool-")
+
+
+async def test_a_body_request_id_is_the_response_id_and_can_be_fetched(autojump_clock: MockClock) -> None:
+    # vllm/entrypoints/openai/responses/protocol.py:357-364 (request_id, default resp_<uuid>) and
+    # serving.py:1115 (response_id = request.request_id): the id is used as given, over the header
+    async with running() as sim:
+        created = await post(
+            sim, PATH, {"input": "x", "request_id": "my-run-7"}, headers=((b"x-request-id", b"ignored"),)
+        )
+        fetched = await get(sim, f"{PATH}/my-run-7")
+    assert created.json()["id"] == "my-run-7"
+    assert fetched.status == 200 and fetched.json()["id"] == "my-run-7"
 
 
 async def test_full_queue_is_a_429_before_the_stream_starts(autojump_clock: MockClock) -> None:
