@@ -75,11 +75,10 @@ class Call:
 
     def json(self) -> dict[str, Any]:
         """The body as a JSON object, or a 400 that says what is wrong with it."""
-        content_type = self.request.header("content-type")
-        # vllm/entrypoints/serve/utils/api_utils.py:309-315 (an absent header is let through)
+        content_type = self.request.header("content-type") or ""
+        # vllm/entrypoints/serve/utils/api_utils.py:309-315: an absent header is refused too
         if (
-            content_type is not None
-            and content_type != "application/json"  # the usual one needs no parsing
+            content_type != "application/json"  # the usual one needs no parsing
             and content_type.split(";", 1)[0].strip().lower() != "application/json"
         ):
             raise request_validation_error(["Unsupported Media Type: Only 'application/json' is allowed"])

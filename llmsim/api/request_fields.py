@@ -17,7 +17,7 @@ import math
 import attrs
 
 from llmsim.api.errors import validation_error
-from llmsim.api.structure import FieldTypeError, converter, json_type_name
+from llmsim.api.structure import FieldTypeError, converter, json_type_name, request_validation_error
 
 __all__ = [
     "GenerationParams",
@@ -122,9 +122,33 @@ def check_generation_params(request: GenerationParams) -> None:
         # vLLM tests the dict's truth, so an empty `stream_options: {}` passes
         message = "Stream options can only be defined when `stream=True`."
         raise validation_error(message, parameter="stream_options")
+    _check_seed_range(request.seed)
     # completions' echo with max_tokens 0 asks vLLM for one token (completion/protocol.py:393)
     max_tokens = 1 if request.echo_without_generation else request.requested_max_tokens
     check_sampling_fields(request, n=request.choices_per_prompt, max_tokens=max_tokens)
+
+
+#: The bounds of ``seed`` (``Field(None, ge=_INT64_MIN, le=_INT64_MAX)``,
+#: vllm/entrypoints/openai/chat_completion/protocol.py:253, completion/protocol.py).
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _check_seed_range(seed: int | None) -> None:
+    """A seed outside int64 is pydantic's field error (after the model validators above)."""
+    if seed is None or _INT64_MIN <= seed <= _INT64_MAX:
+        return
+    kind, word, bound = (
+        ("less_than_equal", "less", _INT64_MAX) if seed > _INT64_MAX else ("greater_than_equal", "greater", _INT64_MIN)
+    )
+    key = "le" if seed > _INT64_MAX else "ge"
+    error = {
+        "type": kind,
+        "loc": "body.seed",
+        "msg": f"Input should be {word} than or equal to {bound}",
+        "input": seed,
+        "ctx": {key: bound},
+    }
+    raise request_validation_error([error], "body.seed")
 
 
 #: Below this temperature vLLM samples greedily (vllm/sampling_params.py:32).  An unset

@@ -96,11 +96,14 @@ async def test_bodies_that_are_not_a_json_object(raw: bytes, param: str, error: 
     assert (response.status, response.body) == (400, expected)
 
 
-async def test_a_content_type_other_than_json(autojump_clock: MockClock) -> None:
-    """vllm/entrypoints/serve/utils/api_utils.py:309-315: the media type must be application/json."""
+@pytest.mark.parametrize("headers", [((b"content-type", b"application/vnd.api+json"),), ()])
+async def test_a_content_type_other_than_json_or_none(
+    headers: tuple[tuple[bytes, bytes], ...], autojump_clock: MockClock
+) -> None:
+    """vllm/entrypoints/serve/utils/api_utils.py:309-315: the media type must be application/json,
+    and a request without the header reads as "" (so is refused too)."""
     async with running() as sim:
         response = FakeResponse()
-        headers = ((b"content-type", b"application/vnd.api+json"),)
         await sim.app.handle(HttpRequest("POST", "/v1/completions", headers=headers, body=b'{"prompt":"hi"}'), response)
     message = "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed"
     assert (response.status, response.body) == (400, envelope(message, "Bad Request", None))
@@ -123,3 +126,28 @@ async def test_suffix_is_refused_as_vllm_does(fields: dict[str, Any], message: s
     async with running() as sim:
         response = await post(sim, "/v1/completions", fields)
     assert (response.status, response.body) == (400, envelope(message, "BadRequestError", "suffix"))
+
+
+@pytest.mark.parametrize(
+    ("seed", "error"),
+    [
+        (
+            2**63,
+            "{'type': 'less_than_equal', 'loc': 'body.seed', 'msg': 'Input should be less than or equal to "
+            "9223372036854775807', 'input': 9223372036854775808, 'ctx': {'le': 9223372036854775807}}",
+        ),
+    ],
+)
+async def test_a_seed_outside_int64_is_pydantics_range_error(seed: int, error: str, autojump_clock: MockClock) -> None:
+    """vllm/entrypoints/openai/chat_completion/protocol.py:253 (Field(None, ge=_INT64_MIN, le=_INT64_MAX)),
+    rendered by vllm/entrypoints/serve/exception_handling/handlers/validation.py:149-196.  (Below
+    int64 the body's JSON decoder, orjson, reads the number as a float, so that side is not pinned.)"""
+    body = f'{{"prompt": "hi", "max_tokens": 2, "seed": {seed}}}'.encode()
+    async with running() as sim:
+        response = await post(sim, "/v1/completions", body)
+        edge = await post(sim, "/v1/completions", {"prompt": "hi", "max_tokens": 2, "seed": 2**63 - 1})
+    assert (response.status, response.body) == (
+        400,
+        envelope(f"1 validation error:\n  {error}", "Bad Request", "body.seed"),
+    )
+    assert edge.status == 200
