@@ -32,7 +32,13 @@ import attrs
 import orjson
 
 from llmsim._version import __version__
-from llmsim.api.response_state import ResponseEvent, ResponseState, ResponseStateError, next_state
+from llmsim.api.response_state import (
+    ResponseEvent,
+    ResponseState,
+    ResponseStateError,
+    ResponseStateFlags,
+    next_state,
+)
 
 __all__ = [
     "JSON_HEADERS",
@@ -44,6 +50,7 @@ __all__ = [
     "ResponseEvent",
     "ResponseState",
     "ResponseStateError",
+    "ResponseStateFlags",
     "ResponseStream",
     "error_body",
     "next_state",

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["ResponseEvent", "ResponseState", "ResponseStateError", "next_state"]
+__all__ = ["ResponseEvent", "ResponseState", "ResponseStateError", "ResponseStateFlags", "next_state"]
 
 
 class ResponseState(enum.StrEnum):
@@ -93,6 +93,26 @@ _HINTS = {
     _E.END: "end() is called once, after start()",
     _E.COMPLETE: "only an ended response can complete",
 }
+
+
+class ResponseStateFlags:
+    """A response stream's ``closed``, ``started`` and ``ended``, read off its ``state``:
+    the one spelling every implementation mixes in (it adds no slots)."""
+
+    __slots__ = ()
+    state: ResponseState
+
+    @property
+    def closed(self) -> bool:
+        return self.state.closed
+
+    @property
+    def started(self) -> bool:
+        return self.state.started
+
+    @property
+    def ended(self) -> bool:
+        return self.state.ended
 
 
 class ResponseStateError(RuntimeError):

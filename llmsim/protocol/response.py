@@ -21,7 +21,15 @@ from typing import Protocol, Self, TypeVar
 import attrs
 import trio
 
-from llmsim.api.http import JSON_HEADERS, Headers, ResponseEvent, ResponseState, error_body, next_state
+from llmsim.api.http import (
+    JSON_HEADERS,
+    Headers,
+    ResponseEvent,
+    ResponseState,
+    ResponseStateFlags,
+    error_body,
+    next_state,
+)
 from llmsim.protocol.settings import BUFFER_HIGH_WATER, BUFFER_LOW_WATER
 
 __all__ = ["BufferedResponse", "StreamHost"]
@@ -47,7 +55,7 @@ class StreamHost(Protocol[_StreamT]):
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class BufferedResponse:
+class BufferedResponse(ResponseStateFlags):
     """A response being produced by a handler and sent by its host.
 
     The API side (``start``/``write``/``end``/``on_*``) only appends and calls
@@ -76,19 +84,7 @@ class BufferedResponse:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.state.value} {self.status or '-'} {self.buffered}B>"
 
-    # --- ResponseStream: the API side ------------------------------------------------
-    @property
-    def closed(self) -> bool:
-        return self.state.closed
-
-    @property
-    def started(self) -> bool:
-        return self.state.started
-
-    @property
-    def ended(self) -> bool:
-        return self.state.ended
-
+    # --- ResponseStream: the API side (closed/started/ended: ResponseStateFlags) ----
     def start(self: _Self, status: int, headers: Headers) -> None:
         self.state = next_state(self.state, _START)
         self.status = status

@@ -12,7 +12,7 @@ import orjson
 import trio
 
 from llmsim.api.generation import StreamingSink, StreamRenderer, build_jobs
-from llmsim.api.http import Headers, HttpRequest, ResponseEvent, ResponseState, next_state
+from llmsim.api.http import Headers, HttpRequest, ResponseEvent, ResponseState, ResponseStateFlags, next_state
 from llmsim.api.plan import GenerationPlan, PromptPlan, TurnPlan
 from llmsim.app import Simulator, build_engine
 from llmsim.config import Config
@@ -21,6 +21,7 @@ from llmsim.protocol.settings import BUFFER_HIGH_WATER, BUFFER_LOW_WATER
 
 __all__ = [
     "CREATED",
+    "UNSATISFIABLE_SCHEMA",
     "EngineRun",
     "FakeResponse",
     "make_job",
@@ -33,8 +34,22 @@ __all__ = [
 
 CREATED = 1_700_000_000  # the wall clock of every simulator built here
 
+#: Accepted at compile time, but ``uniqueItems`` cannot be met: no value satisfies it.
+UNSATISFIABLE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "a": {
+            "type": "array",
+            "items": {"type": "string", "pattern": "^(a|a|a|a)$"},
+            "minItems": 2,
+            "uniqueItems": True,
+        }
+    },
+    "required": ["a"],
+}
 
-class FakeResponse:
+
+class FakeResponse(ResponseStateFlags):
     """A :class:`~llmsim.api.http.ResponseStream` that records what a handler does to
     its response (it passes ``llmsim.testing.check_response_stream``).
 
@@ -64,18 +79,6 @@ class FakeResponse:
         self.unread = 0  # bytes written that the client has not read
         self._drained: list[Callable[[], None]] = []
         self._closed: list[Callable[[], None]] = []
-
-    @property
-    def closed(self) -> bool:
-        return self.state.closed
-
-    @property
-    def started(self) -> bool:
-        return self.state.started
-
-    @property
-    def ended(self) -> bool:
-        return self.state.ended
 
     @property
     def full(self) -> bool:

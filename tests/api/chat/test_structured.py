@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from trio.testing import MockClock
 
-from tests.api.fakes import post, running, sse_payloads
+from tests.api.fakes import UNSATISFIABLE_SCHEMA, post, running, sse_payloads
 
 MODEL = "llmsim/sim-model"
 CHAT = "/v1/chat/completions"
@@ -246,21 +246,11 @@ async def test_regex_output_matches_in_full(pattern: str, seed: int, autojump_cl
 
 async def test_a_schema_that_admits_no_value_is_a_400(autojump_clock: MockClock) -> None:
     """Accepted at compile time, but ``uniqueItems`` cannot be met: the client's 400, not a 500."""
-    impossible = {
-        "type": "object",
-        "properties": {
-            "a": {
-                "type": "array",
-                "items": {"type": "string", "pattern": "^(a|a|a|a)$"},
-                "minItems": 2,
-                "uniqueItems": True,
-            }
-        },
-        "required": ["a"],
-    }
     async with running() as sim:
-        chat_response = await post(sim, CHAT, chat(structured_outputs={"json": impossible}))
-        completion_response = await post(sim, COMPLETIONS, completion(structured_outputs={"json": impossible}))
+        chat_response = await post(sim, CHAT, chat(structured_outputs={"json": UNSATISFIABLE_SCHEMA}))
+        completion_response = await post(
+            sim, COMPLETIONS, completion(structured_outputs={"json": UNSATISFIABLE_SCHEMA})
+        )
     for response in (chat_response, completion_response):
         assert response.status == 400, response.body
         assert "Cannot generate a value" in response.json()["error"]["message"]

@@ -18,7 +18,7 @@ from trio.testing import MockClock
 from llmsim.api.chat.render import ChatStreamRenderer, chat_completion_body
 from llmsim.api.generation import CollectingSink
 from llmsim.api.plan import TOOL_CALL, Block
-from tests.api.fakes import EngineRun, make_job, post, running, sse_payloads
+from tests.api.fakes import UNSATISFIABLE_SCHEMA, EngineRun, make_job, post, running, sse_payloads
 
 LATENCY = {"time_to_first_token": 0.1, "inter_token_latency": 0.01}
 HEAD = b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":'
@@ -510,20 +510,8 @@ async def test_the_prompt_lists_the_tools_as_sent(autojump_clock: MockClock) -> 
 
 async def test_a_schema_that_admits_no_value_is_a_400_on_every_endpoint(autojump_clock: MockClock) -> None:
     """Accepted at compile time, but ``uniqueItems`` cannot be met: the client's 400, not a 500."""
-    impossible = {
-        "type": "object",
-        "properties": {
-            "a": {
-                "type": "array",
-                "items": {"type": "string", "pattern": "^(a|a|a|a)$"},
-                "minItems": 2,
-                "uniqueItems": True,
-            }
-        },
-        "required": ["a"],
-    }
-    chat_tools = [{"type": "function", "function": {"name": "f", "parameters": impossible}}]
-    flat_tools = [{"type": "function", "name": "f", "parameters": impossible}]
+    chat_tools = [{"type": "function", "function": {"name": "f", "parameters": UNSATISFIABLE_SCHEMA}}]
+    flat_tools = [{"type": "function", "name": "f", "parameters": UNSATISFIABLE_SCHEMA}]
     async with running() as sim:
         chat_response = await post(sim, PATH, chat(tools=chat_tools, tool_choice="required"))
         responses_response = await post(
@@ -535,7 +523,7 @@ async def test_a_schema_that_admits_no_value_is_a_400_on_every_endpoint(autojump
             {
                 "max_tokens": 50,
                 "messages": [{"role": "user", "content": "hi"}],
-                "tools": [{"name": "f", "input_schema": impossible}],
+                "tools": [{"name": "f", "input_schema": UNSATISFIABLE_SCHEMA}],
                 "tool_choice": {"type": "any"},
             },
         )
