@@ -29,7 +29,9 @@ __all__ = [
     "escape",
     "escape_uncached",
     "event_bytes",
+    "fingerprint_field",
     "json_bytes",
+    "usage_events",
 ]
 
 SSE_HEADERS: tuple[tuple[bytes, bytes], ...] = ((b"content-type", b"text/event-stream; charset=utf-8"), VERSION_HEADER)
@@ -80,6 +82,19 @@ def chunk_head(response_id: str, kind: bytes, created: int, model: str) -> bytes
             b",",
         )
     )
+
+
+def fingerprint_field(fingerprint: str | None) -> bytes:
+    """``,"system_fingerprint":…``: the key a chat or completions stream puts on its
+    usage chunk, or else on each choice's finishing chunk (empty without one)."""
+    return b"" if fingerprint is None else b',"system_fingerprint":' + json_bytes(fingerprint)
+
+
+def usage_events(head: bytes, usage: dict[str, object], fingerprint: bytes) -> bytes:
+    """The end of a chat or completions stream with ``stream_options.include_usage``:
+    the ``"choices":[]`` chunk with ``usage``, ``head`` (:func:`chunk_head`) first and
+    ``fingerprint`` (:func:`fingerprint_field`) last, then ``[DONE]``."""
+    return head + b'"choices":[],"usage":' + json_bytes(usage) + fingerprint + b"}\n\n" + DONE_EVENT
 
 
 def error_events(error: ApiError, *, compact: bool = False) -> bytes:

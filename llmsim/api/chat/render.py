@@ -46,7 +46,16 @@ import attrs
 from llmsim.api.errors import ApiError
 from llmsim.api.logprobs_format import ChatLogprobs
 from llmsim.api.plan import Block
-from llmsim.api.sse import DONE_EVENT, chunk_head, error_events, escape, escape_uncached, json_bytes
+from llmsim.api.sse import (
+    DONE_EVENT,
+    chunk_head,
+    error_events,
+    escape,
+    escape_uncached,
+    fingerprint_field,
+    json_bytes,
+    usage_events,
+)
 from llmsim.api.usage import ChunkUsage, Usage, UsageStyle
 from llmsim.engine.job import Job, JobState
 
@@ -145,12 +154,12 @@ class ChatStreamRenderer:
             self._choice_heads.append(choice_head)
             self._token_opens.append(choice_head + _CONTENT_OPEN)
             self._token_joiners.append(_TOKEN_CLOSE + choice_head + _CONTENT_OPEN)
-        self._usage_head = head + b'"choices":[],"usage":'
+        self._head = head
         self._include_usage = include_usage
         self._usage_style = usage_style
         # The fingerprint goes on the usage chunk, or else on each choice's finishing
         # chunk (serving.py:824-834, 903-912); every finishing chunk ends with it.
-        self._fingerprint = b"" if fingerprint is None else b',"system_fingerprint":' + json_bytes(fingerprint)
+        self._fingerprint = fingerprint_field(fingerprint)
         self._finish_end = (self._fingerprint if not include_usage else b"") + _KV_END
         self._opening = self._opening_chunks(None if echo is None else escape_uncached(echo), chunk_usage)
         self._opened = False
@@ -231,7 +240,7 @@ class ChatStreamRenderer:
         if not self._include_usage:
             return DONE_EVENT
         usage = Usage.of(jobs, choices_per_prompt=len(self._choice_heads)).chunk_dict(self._usage_style)
-        return self._usage_head + json_bytes(usage) + self._fingerprint + b"}\n\n" + DONE_EVENT
+        return usage_events(self._head, usage, self._fingerprint)
 
     def error(self, error: ApiError) -> bytes:
         return error_events(error, compact=True)

@@ -28,7 +28,16 @@ from collections.abc import Sequence
 
 from llmsim.api.errors import ApiError
 from llmsim.api.logprobs_format import CompletionLogprobs
-from llmsim.api.sse import DONE_EVENT, chunk_head, error_events, escape, escape_uncached, json_bytes
+from llmsim.api.sse import (
+    DONE_EVENT,
+    chunk_head,
+    error_events,
+    escape,
+    escape_uncached,
+    fingerprint_field,
+    json_bytes,
+    usage_events,
+)
 from llmsim.api.usage import ChunkUsage, Usage, UsageStyle
 from llmsim.engine.job import Job, JobState
 
@@ -80,13 +89,13 @@ class CompletionStreamRenderer:
             text_open = head + b'"choices":[{"index":' + str(i).encode() + _TEXT_OPEN
             self._text_opens.append(text_open)
             self._text_joiners.append(_TOKEN_CLOSE + text_open)
-        self._usage_head = head + b'"choices":[],"usage":'
+        self._head = head
         self._choices_per_prompt = choices_per_prompt
         self._include_usage = include_usage
         self._usage_style = usage_style
         # The fingerprint goes on the usage chunk, or else on each choice's finishing
         # chunk (serving.py:467-476, 535-546).
-        self._fingerprint = b"" if fingerprint is None else b',"system_fingerprint":' + json_bytes(fingerprint)
+        self._fingerprint = fingerprint_field(fingerprint)
         self._finish_end = (self._fingerprint if not include_usage else b"") + _KV_END
         self._echo_prompts = None if echo_prompts is None else [escape_uncached(text) for text in echo_prompts]
         self._prompt_only = prompt_only
@@ -156,7 +165,7 @@ class CompletionStreamRenderer:
         if not self._include_usage:
             return DONE_EVENT
         usage = Usage.of(jobs, self._choices_per_prompt).chunk_dict(self._usage_style)
-        return self._usage_head + json_bytes(usage) + self._fingerprint + b"}\n\n" + DONE_EVENT
+        return usage_events(self._head, usage, self._fingerprint)
 
     def error(self, error: ApiError) -> bytes:
         return error_events(error)

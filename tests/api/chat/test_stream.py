@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import orjson
 import pytest
 
-from llmsim.api.chat.render import ChatStreamRenderer, chat_completion_body
+from llmsim.api.chat.render import CHAT_USAGE, ChatStreamRenderer, chat_completion_body
 from llmsim.api.errors import ApiError
 from llmsim.api.generation import CollectingSink
 from llmsim.api.usage import ChunkUsage, UsageStyle
@@ -67,6 +67,8 @@ def stream(
     include_usage: bool = False,
     echo: str | None = None,
     chunk_usage: ChunkUsage | None = None,
+    fingerprint: str | None = None,
+    usage_style: UsageStyle = CHAT_USAGE,
 ) -> tuple[EngineRun, list[Job]]:
     run = EngineRun(**LATENCY)
     renderer = ChatStreamRenderer(
@@ -77,6 +79,8 @@ def stream(
         include_usage=include_usage,
         echo=echo,
         chunk_usage=chunk_usage,
+        fingerprint=fingerprint,
+        usage_style=usage_style,
     )
     sink = run.streaming_sink(renderer, len(outputs))
     jobs = [make_job(sink, pieces, reason, index=i) for i, (pieces, reason) in enumerate(outputs)]
@@ -328,19 +332,8 @@ FINGERPRINT = b',"system_fingerprint":"vllm-0.33.0-0123abcd"'
 
 
 def fingerprinted_stream(outputs: Sequence[tuple[tuple[str, ...], str]], *, include_usage: bool) -> bytes:
-    run = EngineRun(**LATENCY)
-    renderer = ChatStreamRenderer(
-        response_id="chatcmpl-1",
-        created=1,
-        model="m",
-        choices=len(outputs),
-        include_usage=include_usage,
-        fingerprint="vllm-0.33.0-0123abcd",
-        usage_style=UsageStyle(prompt_details=True, created_cache_tokens=True),
-    )
-    sink = run.streaming_sink(renderer, len(outputs))
-    run.submit([make_job(sink, pieces, reason, index=i) for i, (pieces, reason) in enumerate(outputs)])
-    run.run()
+    style = UsageStyle(prompt_details=True, created_cache_tokens=True)
+    run, _ = stream(outputs, include_usage=include_usage, fingerprint="vllm-0.33.0-0123abcd", usage_style=style)
     return run.response.body
 
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import orjson
 
-from llmsim.api.completions.render import CompletionStreamRenderer, completion_body
+from llmsim.api.completions.render import COMPLETION_USAGE, CompletionStreamRenderer, completion_body
 from llmsim.api.generation import CollectingSink
 from llmsim.api.usage import ChunkUsage, UsageStyle
 from llmsim.engine.job import Job
@@ -50,6 +50,8 @@ def stream(
     prompt_only: bool = False,
     prompt_tokens: int = 3,
     chunk_usages: Sequence[ChunkUsage] | None = None,
+    fingerprint: str | None = None,
+    usage_style: UsageStyle = COMPLETION_USAGE,
 ) -> tuple[EngineRun, list[Job]]:
     run = EngineRun(**LATENCY)
     renderer = CompletionStreamRenderer(
@@ -62,6 +64,8 @@ def stream(
         echo_prompts=echo_prompts,
         prompt_only=prompt_only,
         chunk_usages=chunk_usages,
+        fingerprint=fingerprint,
+        usage_style=usage_style,
     )
     sink = run.streaming_sink(renderer, len(outputs))
     jobs = [
@@ -241,20 +245,8 @@ FINGERPRINT = b',"system_fingerprint":"vllm-0.33.0-0123abcd"'
 
 
 def fingerprinted_stream(outputs: Sequence[tuple[tuple[str, ...], str]], *, include_usage: bool) -> bytes:
-    run = EngineRun(**LATENCY)
-    renderer = CompletionStreamRenderer(
-        response_id="cmpl-1",
-        created=1,
-        model="m",
-        choices=len(outputs),
-        choices_per_prompt=1,
-        include_usage=include_usage,
-        fingerprint="vllm-0.33.0-0123abcd",
-        usage_style=UsageStyle(prompt_details=True, created_cache_tokens=False),
-    )
-    sink = run.streaming_sink(renderer, len(outputs))
-    run.submit([make_job(sink, pieces, reason, index=i) for i, (pieces, reason) in enumerate(outputs)])
-    run.run()
+    style = UsageStyle(prompt_details=True, created_cache_tokens=False)
+    run, _ = stream(outputs, include_usage=include_usage, fingerprint="vllm-0.33.0-0123abcd", usage_style=style)
     return run.response.body
 
 
