@@ -16,12 +16,11 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from benchmarks.loadgen.runner import LoadSpec
 from benchmarks.report import environment, print_table, ratio, write_json
 from benchmarks.scenarios import Options
 from benchmarks.scenarios.measure import measure
-from benchmarks.scenarios.throughput import LOADS, MAX_TOKENS, ROOMY, ZERO_LATENCY
-from benchmarks.servers import MODEL, ServerSpec, llmsim, running
+from benchmarks.scenarios.throughput import LOADS, MAX_TOKENS, ROOMY, ZERO_LATENCY, chat_load
+from benchmarks.servers import ServerSpec, llmsim, running
 
 __all__ = ["run"]
 
@@ -46,21 +45,10 @@ def run(options: Options) -> dict[str, Any]:
     with ExitStack() as stack:
         servers = [stack.enter_context(running(spec, options.log_dir)) for spec in _servers(against)]
         for round_index in range(rounds):
-            for http2, connections, streams in LOADS:
+            for load in LOADS:
                 # Alternate which server goes first, so neither always follows the other.
                 for server in servers if round_index % 2 == 0 else reversed(servers):
-                    spec = LoadSpec(
-                        port=server.port,
-                        http2=http2,
-                        connections=connections,
-                        streams=streams,
-                        duration=duration,
-                        warmup=warmup,
-                        max_tokens=MAX_TOKENS,
-                        model=MODEL,
-                        processes=options.processes,
-                    )
-                    result = measure(server, spec)
+                    result = measure(server, chat_load(server, load, duration, warmup, options.processes))
                     samples.append(
                         {
                             "round": round_index,

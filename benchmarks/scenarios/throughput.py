@@ -25,9 +25,9 @@ from benchmarks.loadgen.runner import LoadSpec
 from benchmarks.report import environment, print_table, ratio, write_json
 from benchmarks.scenarios import Options
 from benchmarks.scenarios.measure import CLEANUP_TIMEOUT, Measurement, measure
-from benchmarks.servers import BASELINE, MODEL, llmsim, running
+from benchmarks.servers import BASELINE, MODEL, RunningServer, llmsim, running
 
-__all__ = ["run"]
+__all__ = ["chat_load", "run"]
 
 MAX_TOKENS = 200
 ZERO_LATENCY = ("--time-to-first-token", "0", "--inter-token-latency", "0")
@@ -55,6 +55,24 @@ MEDIAN_KEYS = (
 )
 
 
+def chat_load(
+    server: RunningServer, load: tuple[bool, int, int], duration: float, warmup: float, processes: int
+) -> LoadSpec:
+    """One of :data:`LOADS` against ``server``: streamed :data:`MAX_TOKENS`-token chat completions."""
+    http2, connections, streams = load
+    return LoadSpec(
+        port=server.port,
+        http2=http2,
+        connections=connections,
+        streams=streams,
+        duration=duration,
+        warmup=warmup,
+        max_tokens=MAX_TOKENS,
+        model=MODEL,
+        processes=processes,
+    )
+
+
 def run(options: Options) -> dict[str, Any]:
     duration, warmup, rounds = (3.0, 1.0, 1) if options.quick else (10.0, 2.0, 3)
     body, script = request_files(options.log_dir, MODEL, MAX_TOKENS)
@@ -66,22 +84,12 @@ def run(options: Options) -> dict[str, Any]:
         # interleaved: drifts in the machine's background load then hit them alike.
         servers = [stack.enter_context(running(spec, options.log_dir)) for spec in SERVERS]
         for round_index in range(rounds):
-            for http2, connections, streams in LOADS:
+            for load in LOADS:
                 for server in servers:
-                    spec = LoadSpec(
-                        port=server.port,
-                        http2=http2,
-                        connections=connections,
-                        streams=streams,
-                        duration=duration,
-                        warmup=warmup,
-                        max_tokens=MAX_TOKENS,
-                        model=MODEL,
-                        processes=options.processes,
-                    )
+                    spec = chat_load(server, load, duration, warmup, options.processes)
                     samples.append({"round": round_index, "server": server.spec.name, **_row(measure(server, spec))})
                     commands.setdefault(spec.describe(), _equivalent(spec, duration, warmup, body, script))
-        http2, connections, streams = H2LOAD_LOAD
+        _, connections, streams = H2LOAD_LOAD
         for server in servers:
             command = h2load_command(
                 server.port, connections=connections, streams=streams, duration=duration, warmup=warmup, body=body
