@@ -25,11 +25,14 @@ from typing import Any, NewType, Union, get_args, get_origin
 
 import attrs
 import cattrs
+import orjson
 import yaml
 
 from llmsim.options import (
     ConfigError,
+    ControlOptions,
     EngineOptions,
+    JsonObjectText,
     LatencyOptions,
     ModelOptions,
     OptionDoc,
@@ -165,6 +168,22 @@ def _to_names(value: object, _: object = None) -> tuple[str, ...]:
     raise ValueError(f"expected a name or a list of names, got {type(value).__name__}")
 
 
+def _to_json_object_text(value: object, _: object = None) -> JsonObjectText:
+    """A JSON object as canonical JSON text: from JSON or YAML text (a flag, the
+    environment) or from a mapping (a YAML file, Python, ``POST /admin/config``)."""
+    if isinstance(value, str):
+        try:
+            value = yaml.safe_load(value)  # YAML 1.1 reads JSON objects too
+        except yaml.YAMLError as exc:
+            raise ValueError(f"expected a JSON object, got text that does not parse: {_yaml_problem(exc)}") from None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"expected a JSON object, got {type(value).__name__}")
+    try:
+        return JsonObjectText(orjson.dumps(value).decode())
+    except TypeError as exc:
+        raise ValueError(f"expected a JSON object: {exc}") from None
+
+
 def _is_optional(annotation: Any) -> bool:
     return get_origin(annotation) in (Union, types.UnionType) and type(None) in get_args(annotation)
 
@@ -185,6 +204,7 @@ def _build_converter() -> cattrs.Converter:
     lenient.register_structure_hook(float, _to_float)
     lenient.register_structure_hook(str, _to_str)
     lenient.register_structure_hook(DurationText, lambda value, _: parse_duration(value))
+    lenient.register_structure_hook(JsonObjectText, _to_json_object_text)
     lenient.register_structure_hook_func(lambda annotation: annotation == tuple[str, ...], _to_names)
     lenient.register_structure_hook_func(_is_optional, _to_optional)
     return lenient
@@ -261,6 +281,9 @@ class Config:
     tool_calls: ToolCallOptions = attrs.field(factory=ToolCallOptions, metadata={"title": "tool calls"})
     latency: LatencyOptions = attrs.field(factory=LatencyOptions, metadata={"title": "latency model"})
     server: ServerOptions = attrs.field(factory=ServerOptions, metadata={"title": "server"})
+    control: ControlOptions = attrs.field(
+        factory=ControlOptions, metadata={"title": "metrics, failures, sleep, API key and logs"}
+    )
 
     def __init__(self, **settings: object) -> None:
         for key, value in settings.items():
@@ -357,7 +380,6 @@ _VLLM_ONLY: dict[str, str] = {
     "enable-prefix-caching": "switch",
     "trust-remote-code": "switch",
     "disable-log-requests": "switch",
-    "disable-log-stats": "switch",
     "mm-processor-kwargs": "value",
     "ec-transfer-config": "value",
     "force-dummy-tokenizer": "switch",
@@ -380,13 +402,8 @@ _LLMD_NOT_YET: dict[str, str] = {
     "lora-modules": "values",
     "max-loras": "value",
     "max-cpu-loras": "value",
-    "failure-injection-rate": "value",
-    "failure-types": "values",
-    "fake-metrics": "value",
-    "fake-metrics-refresh-interval": "value",
     "data-parallel-size": "value",
     "data-parallel-rank": "value",
-    "enable-sleep-mode": "switch",
     "enable-request-id-headers": "switch",
     "log-http": "switch",
     "default-embedding-dimensions": "value",
@@ -433,6 +450,8 @@ def config_from_mapping(values: Mapping[str, object], *, base: Config | None = N
 def _environment_items(environ: Mapping[str, str]) -> list[tuple[str, str, str]]:
     """(setting name, value, variable) for every setting in the environment, lowest first."""
     items = [("model", environ["SIM_MODEL"], "SIM_MODEL")] if "SIM_MODEL" in environ else []
+    if environ.get("VLLM_API_KEY"):  # vLLM's variable; --api-key wins over it, as in vLLM
+        items.append(("api_key", environ["VLLM_API_KEY"], "VLLM_API_KEY"))
     for name in SETTINGS:
         variable = "LLMSIM_" + name.upper()
         if variable in environ:

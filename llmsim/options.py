@@ -16,15 +16,19 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NewType
 
 import attrs
 
 __all__ = [
     "DEFAULT_MODEL",
+    "FAILURE_TYPES",
+    "LOG_LEVELS",
     "MAX_STD_DEV_FRACTION",
     "ConfigError",
+    "ControlOptions",
     "EngineOptions",
+    "JsonObjectText",
     "LatencyOptions",
     "ModelOptions",
     "OptionDoc",
@@ -36,6 +40,23 @@ __all__ = [
 ]
 
 DEFAULT_MODEL = "llmsim/sim-model"
+
+#: The kinds of failure ``--failure-types`` may pick (llm-d-inference-sim's names).
+FAILURE_TYPES = (
+    "rate_limit",
+    "invalid_api_key",
+    "context_length",
+    "server_error",
+    "invalid_request",
+    "model_not_found",
+)
+#: ``--log-level`` values (vLLM's ``LogLevel``, any case).
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+#: A JSON object kept as its text (``--fake-metrics``): the loader reads a JSON or YAML
+#: object, from a flag or a file, into this canonical JSON text; its meaning is checked
+#: by whoever uses it (``llmsim.engine.fake_metrics``).
+JsonObjectText = NewType("JsonObjectText", str)
 
 
 class ConfigError(ValueError):
@@ -150,6 +171,19 @@ def _positive_or_unset(instance: object, attribute: attrs.Attribute[Any], value:
 def _percent(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
     if not 0 <= value <= 100:
         raise ConfigError(option_key(attribute), f"must be a percentage in 0..100, got {value}")
+
+
+def _failure_types(instance: object, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
+    unknown = [name for name in value if name not in FAILURE_TYPES]
+    if unknown:
+        raise ConfigError(
+            option_key(attribute), f"unknown failure type {unknown[0]!r}; choose from {', '.join(FAILURE_TYPES)}"
+        )
+
+
+def _log_level(instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    if value.lower() not in LOG_LEVELS:
+        raise ConfigError(option_key(attribute), f"must be one of {', '.join(LOG_LEVELS)} (any case), got {value!r}")
 
 
 def _port(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
@@ -481,3 +515,43 @@ class ServerOptions:
     @property
     def max_request_body_bytes(self) -> int:
         return int(self.max_request_body_size_mb * 1024 * 1024)
+
+
+@attrs.frozen(kw_only=True)
+class ControlOptions:
+    """What operators and test harnesses steer: fake metrics, injected failures, sleep
+    mode, the API key and the logs.  The first three can be changed while the server
+    runs (``POST /admin/config``)."""
+
+    failure_injection_rate: int = option(
+        0, metavar="PERCENT", validator=_percent, help="share of generation requests answered with an injected error"
+    )
+    failure_types: tuple[str, ...] = option(
+        (),
+        metavar="TYPE",
+        shown_default="all of them",
+        validator=_failure_types,
+        help="injected errors to pick from: " + ", ".join(FAILURE_TYPES),
+    )
+    fake_metrics: JsonObjectText | None = option(  # noqa: RUF009 (a str: immutable, but a NewType ruff cannot see into)
+        None,
+        metavar="JSON",
+        shown_default="unset: /metrics reports the engine",
+        help="fixed or time-varying values /metrics reports instead of the engine's (llm-d-inference-sim's keys)",
+    )
+    fake_metrics_refresh_interval: float = option(
+        0.1, duration=True, validator=_positive, help="how often time-varying fake metrics are recomputed"
+    )
+    enable_sleep_mode: bool = option(False, help="serve POST /sleep, POST /wake_up and GET /is_sleeping")
+    api_key: tuple[str, ...] = option(
+        (),
+        metavar="KEY",
+        shown_default="unset, or VLLM_API_KEY",
+        llmd=False,
+        help="require Authorization: Bearer KEY on /v1/* (any of the keys given)",
+    )
+    disable_log_stats: bool = option(False, llmd=False, help="no periodic engine stats line in the log")
+    enable_log_requests: bool = option(False, llmd=False, help="log a line as each request arrives and as it ends")
+    log_level: str = option(
+        "info", metavar="{" + ",".join(LOG_LEVELS) + "}", llmd=False, validator=_log_level, help="the log's threshold"
+    )

@@ -22,7 +22,15 @@ from llmsim.config import (
     parse_duration,
     sections,
 )
-from llmsim.options import EngineOptions, LatencyOptions, ModelOptions, ServerOptions, ToolCallOptions, option_key
+from llmsim.options import (
+    ControlOptions,
+    EngineOptions,
+    LatencyOptions,
+    ModelOptions,
+    ServerOptions,
+    ToolCallOptions,
+    option_key,
+)
 
 # --- durations -------------------------------------------------------------------------
 
@@ -78,11 +86,18 @@ def test_format_duration_reads_back(seconds: float) -> None:
 
 
 def test_every_group_field_is_one_setting_under_its_own_key() -> None:
-    groups = (ModelOptions, EngineOptions, ToolCallOptions, LatencyOptions, ServerOptions)
+    groups = (ModelOptions, EngineOptions, ToolCallOptions, LatencyOptions, ServerOptions, ControlOptions)
     fields = [field for group in groups for field in attrs.fields(group)]
     assert [option_key(field) for field in fields] == [setting.key for setting in SETTINGS.values()]
     assert len(set(SETTINGS)) == len(fields)
-    assert [title for title, _ in sections()] == ["model and API", "engine", "tool calls", "latency model", "server"]
+    assert [title for title, _ in sections()] == [
+        "model and API",
+        "engine",
+        "tool calls",
+        "latency model",
+        "server",
+        "metrics, failures, sleep, API key and logs",
+    ]
 
 
 def test_settings_land_in_their_groups() -> None:
