@@ -78,6 +78,7 @@ class Simulator:
             wall_clock=time.time,
             started_at=trio.current_time(),
             response_store=ResponseStore(),
+            control=config.control,
         )
         self.app = Api(self.ctx, build_router())
 

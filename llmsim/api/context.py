@@ -16,7 +16,7 @@ from llmsim.api.structure import error_input, request_validation_error
 from llmsim.engine.scheduler import Engine
 from llmsim.model.text import TextGenerator
 from llmsim.model.tokenizer import Tokenizer
-from llmsim.options import ModelOptions, ToolCallOptions
+from llmsim.options import ControlOptions, ModelOptions, ToolCallOptions
 
 if TYPE_CHECKING:  # a family's state, reached through the context; the family imports this module
     from llmsim.api.responses.store import ResponseStore
@@ -38,6 +38,9 @@ class ApiContext:
     wall_clock: Callable[[], float]  # unix seconds, for "created" fields
     started_at: float  # engine clock at start-up (for /health/ready)
     response_store: ResponseStore  # stored /v1/responses responses (``store``, ``previous_response_id``)
+    # Failure injection, fake metrics, sleep, API key, logs.  Replaced whole (never
+    # mutated) by ``POST /admin/config``: read it once per request.
+    control: ControlOptions
     _id_rng: random.Random = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
