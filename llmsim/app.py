@@ -5,15 +5,18 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import trio
 
-from llmsim.api import basic, chat, completions, messages, responses
+from llmsim.admin import LiveConfig
+from llmsim.api import admin, basic, chat, completions, messages, metrics, responses
+from llmsim.api.admin import SleepState
 from llmsim.api.context import ApiContext
 from llmsim.api.responses.store import ResponseStore
 from llmsim.api.router import Api, Router
 from llmsim.config import Config, ConfigError
+from llmsim.engine.metrics import EngineMetrics
 from llmsim.engine.scheduler import Engine
 from llmsim.model.text import TextGenerator
 from llmsim.model.tokenizer import Tokenizer, load_tokenizer
@@ -34,7 +37,12 @@ def _nothing() -> None:
 
 def build_engine(config: Config) -> Engine:
     """The engine ``config`` asks for; ``--seed`` seeds its latency jitter."""
-    return Engine(config.engine, config.latency, rng=random.Random(config.model.seed))
+    return Engine(
+        config.engine,
+        config.latency,
+        rng=random.Random(config.model.seed),
+        metrics=EngineMetrics(config.model.max_model_len),
+    )
 
 
 def _tokenizer(path: str | None) -> Tokenizer:
@@ -49,10 +57,12 @@ def build_router() -> Router:
     """Every endpoint llmsim serves."""
     router = Router()
     basic.register(router)
+    metrics.register(router)
     chat.register(router)
     completions.register(router)
     responses.register(router)
     messages.register(router)
+    admin.register(router)
     return router
 
 
@@ -66,6 +76,8 @@ class Simulator:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.engine = build_engine(config)
+        # POST /admin/config swaps the Config: the engine's latency, then this and ctx.control
+        self.live_config = LiveConfig(config, self.engine, self._config_changed)
         tokenizer = _tokenizer(config.model.tokenizer)
         self.ctx = ApiContext(
             model=config.model,
@@ -79,12 +91,29 @@ class Simulator:
             started_at=trio.current_time(),
             response_store=ResponseStore(),
             control=config.control,
+            admin=self.live_config,
+            sleep=SleepState(),
         )
         self.app = Api(self.ctx, build_router())
+        #: Tasks that live as long as the engine task (``serve()`` adds the stats line),
+        #: so that whatever runs the engine runs them too, on either backend.
+        self.beside_engine: list[Callable[[], Awaitable[None]]] = []
+
+    def _config_changed(self, config: Config) -> None:
+        self.config = config
+        self.ctx.control = config.control
 
     async def run_engine(
         self, *, hold_writes: Callable[[], None] = _nothing, release_writes: Callable[[], None] = _nothing
     ) -> None:
+        """Drive the engine (:meth:`_drive_engine`), with the :attr:`beside_engine` tasks
+        (the periodic stats line) beside it.  Forever."""
+        async with trio.open_nursery() as nursery:
+            for task in self.beside_engine:
+                nursery.start_soon(task)
+            await self._drive_engine(hold_writes, release_writes)
+
+    async def _drive_engine(self, hold_writes: Callable[[], None], release_writes: Callable[[], None]) -> None:
         """Sleep until the engine's next step time (or a wake-up), then step it.  Forever.
 
         Steps are coalesced onto a grid of about :data:`STEP_QUANTUM` (see

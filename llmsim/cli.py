@@ -31,6 +31,7 @@ from llmsim.config import (
     load_config,
     sections,
 )
+from llmsim.logs import configure_logging
 from llmsim.server import serve
 
 __all__ = ["build_parser", "config_from_args", "main", "parse_args", "reference_table"]
@@ -252,6 +253,7 @@ def _run(config: Config) -> int:
     # full collection every few seconds (180-200 ms pauses that show up as ITL p99 and
     # 15-18 % of CPU at 2,000 streams, docs/performance.md); collect far less often.
     gc.set_threshold(*SERVER_GC_THRESHOLDS)
+    configure_logging(config.control.log_level)  # the process is ours: embedded servers only emit records
     try:
         trio.run(_serve_until_signalled, config)
     except* ConfigError as group:

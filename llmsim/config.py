@@ -28,6 +28,7 @@ import cattrs
 import orjson
 import yaml
 
+from llmsim.engine.fake_metrics import FakeMetrics
 from llmsim.options import (
     ConfigError,
     ControlOptions,
@@ -294,6 +295,7 @@ class Config:
                 )
         values = dict(_read_item(key, value, text=False, origin=None) for key, value in settings.items())
         self.__attrs_init__(**_groups(values))
+        _check_fake_metrics(self)
 
     def settings(self) -> dict[str, object]:
         """Every setting's value by keyword: ``Config(**config.settings()) == config``."""
@@ -302,6 +304,17 @@ class Config:
     def replace(self, **settings: object) -> Config:
         """A copy with some settings changed, given as ``Config`` takes them."""
         return Config(**{**self.settings(), **settings})
+
+
+def _check_fake_metrics(config: Config) -> None:
+    """``--fake-metrics`` must say something ``/metrics`` can show: its keys and values are
+    checked once, here, rather than at the first scrape."""
+    text = config.control.fake_metrics
+    if text is not None:
+        try:
+            FakeMetrics.from_json(text, max_model_len=config.model.max_model_len)
+        except ValueError as exc:
+            raise ConfigError("fake-metrics", str(exc)) from None
 
 
 def _type_of(attribute: attrs.Attribute[Any]) -> Any:

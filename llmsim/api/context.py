@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -19,9 +20,13 @@ from llmsim.model.tokenizer import Tokenizer
 from llmsim.options import ControlOptions, ModelOptions, ToolCallOptions
 
 if TYPE_CHECKING:  # a family's state, reached through the context; the family imports this module
+    from llmsim.api.admin import AdminControl, SleepState
     from llmsim.api.responses.store import ResponseStore
 
 __all__ = ["ApiContext", "Call"]
+
+#: 19 digits or more: where orjson may turn an integer into a float.
+_LONG_NUMBER = re.compile(rb"[0-9]{19}")
 
 
 @attrs.define(eq=False)
@@ -41,10 +46,16 @@ class ApiContext:
     # Failure injection, fake metrics, sleep, API key, logs.  Replaced whole (never
     # mutated) by ``POST /admin/config``: read it once per request.
     control: ControlOptions
+    admin: AdminControl  # reads and changes the live configuration (/admin/config)
+    sleep: SleepState  # vLLM's sleep mode; generation waits while it is paused
     _id_rng: random.Random = attrs.field(init=False)
+    # Rolls failure injection (llmsim/api/failures.py); its own stream, so that a rate
+    # change leaves request ids as they were.  Reproducible under --seed.
+    failure_rng: random.Random = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._id_rng = random.Random(self.model.seed)
+        self.failure_rng = random.Random(None if self.model.seed is None else f"failures:{self.model.seed}")
 
     def new_request_id(self) -> str:
         """16 hex characters, like vLLM's random_uuid(); reproducible under --seed."""
@@ -93,6 +104,10 @@ class Call:
             value = orjson.loads(self.request.body)
         except orjson.JSONDecodeError:
             raise _json_invalid(self.request.body) from None
+        if _LONG_NUMBER.search(self.request.body):
+            # orjson reads an integer outside [-2**63, 2**64) as a float; Python's json
+            # (as FastAPI's) keeps it exact, so that range checks see the number sent.
+            value = json.loads(self.request.body)
         if not isinstance(value, dict):
             error = {
                 "type": "model_attributes_type",

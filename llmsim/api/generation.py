@@ -31,13 +31,15 @@ from typing import Protocol
 import attrs
 import trio
 
+from llmsim.api import request_log
 from llmsim.api.context import ApiContext, Call
 from llmsim.api.errors import ApiError
 from llmsim.api.http import Headers, ResponseStream
 from llmsim.api.plan import GenerationPlan
+from llmsim.api.request_fields import check_n_limit
 from llmsim.api.sse import SSE_HEADERS
 from llmsim.engine.errors import QueueFullError, QueueLimit
-from llmsim.engine.job import Job, JobSink, JobState
+from llmsim.engine.job import Job, JobSink, JobState, RequestGroup
 from llmsim.engine.scheduler import Engine
 
 __all__ = [
@@ -103,22 +105,24 @@ def queue_full_error(limit: QueueLimit) -> ApiError:
     return ApiError(429, WAITING_QUEUE_FULL_MESSAGE)
 
 
-def check_job_count(ctx: ApiContext, job_count: int) -> None:
+def check_job_count(ctx: ApiContext, job_count: int, n: int | None = None) -> None:
     """The queue checks made before a request is planned.
 
     First vLLM's admission check (``_preflight``, ``vllm/entrypoints/generate/base/
     serving.py:169-181``): 503 if the request's jobs would take the jobs in flight
-    beyond ``--max-num-queued-reqs``.  Then a 429 at once for a request with more
-    choices than the engine could ever hold (running slots plus waiting queue): a
-    huge ``n`` must not cost the server minutes of planning only to be refused.
-    Nothing awaits between this and the submission, so the engine's counts are the
-    same when the jobs are submitted.
+    beyond ``--max-num-queued-reqs``.  Then vLLM's limit on ``n`` (the choices per
+    prompt, ``job_count`` unless given), a 400 (:func:`check_n_limit`).  Then a 429 at
+    once for a request with more choices than the engine could ever hold (running
+    slots plus waiting queue): a huge ``n`` must not cost the server minutes of
+    planning only to be refused.  Nothing awaits between this and the submission, so
+    the engine's counts are the same when the jobs are submitted.
     """
     engine = ctx.engine
     try:
         engine.check_admission(job_count)
     except QueueFullError as exc:
         raise queue_full_error(exc.limit) from None
+    check_n_limit(job_count if n is None else n)
     limits = engine.options
     if job_count > limits.max_num_seqs + limits.max_waiting_queue_length:
         raise queue_full_error(QueueLimit.WAITING_QUEUE_LENGTH)
@@ -129,8 +133,11 @@ def build_jobs(plan: GenerationPlan, sink: JobSink) -> list[Job]:
     ``i // plan.choices_per_prompt``."""
     jobs = []
     prompts, per_prompt = plan.prompts, plan.choices_per_prompt
+    group: RequestGroup | None = None
     for index, turn in enumerate(plan.choices):
         prompt = prompts[index // per_prompt]
+        if per_prompt > 1 and index % per_prompt == 0:
+            group = RequestGroup(per_prompt)  # vLLM: one parent request per prompt, n children
         jobs.append(
             Job(
                 prompt_token_ids=prompt.token_ids,
@@ -141,6 +148,7 @@ def build_jobs(plan: GenerationPlan, sink: JobSink) -> list[Job]:
                 index=index,
                 request_id=plan.request_id,
                 max_tokens=prompt.output_cap,
+                group=group,
             )
         )
     return jobs
@@ -312,13 +320,15 @@ async def stream(
         stream_error(call, renderer, refusal, headers)
         return
     ctx = call.ctx
+    await ctx.sleep.wait_until_resumed()  # sleep mode: held before the engine (api/admin/sleep.py)
     response = call.response
 
     def resume(job: Job) -> None:
         ctx.engine.resume(job, ctx.clock())
 
     sink = StreamingSink(response, renderer, len(plan.choices), resume)
-    with SubmittedJobs(ctx.engine, build_jobs(plan, sink), ctx.clock):
+    jobs = build_jobs(plan, sink)
+    with SubmittedJobs(ctx.engine, jobs, ctx.clock), request_log.logged(ctx, plan, jobs):
         response.start(200, (*SSE_HEADERS, *headers))
         head = renderer.head()
         if head:
@@ -343,8 +353,9 @@ async def collect(call: Call, plan: GenerationPlan, *, refusal: ApiError | None 
     if refusal is not None:
         raise refusal
     ctx = call.ctx
+    await ctx.sleep.wait_until_resumed()  # sleep mode: held before the engine (api/admin/sleep.py)
     sink = CollectingSink(len(plan.choices))
     jobs = build_jobs(plan, sink)
-    with SubmittedJobs(ctx.engine, jobs, ctx.clock):
+    with SubmittedJobs(ctx.engine, jobs, ctx.clock), request_log.logged(ctx, plan, jobs):
         await sink.done.wait()
     return jobs

@@ -16,10 +16,20 @@ import math
 
 import attrs
 
-from llmsim.api.errors import validation_error
-from llmsim.api.structure import FieldTypeError, converter, json_type_name, request_validation_error
+from llmsim.api.errors import ApiError, validation_error
+from llmsim.api.structure import (
+    FieldErrors,
+    FieldTypeError,
+    PydanticError,
+    converter,
+    json_type_name,
+    pydantic_type_error,
+    request_validation_error,
+)
 
 __all__ = [
+    "MAX_N_SEQUENCES",
+    "MAX_STOP_STRINGS",
     "GenerationParams",
     "InputAudio",
     "MediaUrl",
@@ -27,7 +37,9 @@ __all__ = [
     "SamplingFields",
     "StreamOptions",
     "check_generation_params",
+    "check_n_limit",
     "check_sampling_fields",
+    "token_id_refusal",
 ]
 
 
@@ -65,6 +77,7 @@ class SamplingFields:
     seed: int | None = None
     stop: str | tuple[str, ...] | None = None
     stop_token_ids: tuple[int, ...] | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias
 
 
 @attrs.frozen(kw_only=True)
@@ -81,14 +94,25 @@ class GenerationParams(SamplingFields):
     echo: bool | None = None
     # names the request unless X-Request-Id does (vllm/entrypoints/serve/engine/serving.py:133-142)
     request_id: str | None = None
+    include_stop_str_in_output: bool | None = None  # vllm/entrypoints/openai/chat_completion/protocol.py:293
 
     @property
     def choices_per_prompt(self) -> int:
         return 1 if self.n is None else self.n
 
     @property
+    def stop_strings(self) -> tuple[str, ...]:
+        """``stop`` as a list (one string is a list of one, as ``SamplingParams`` reads it)."""
+        return (self.stop,) if isinstance(self.stop, str) else self.stop or ()
+
+    @property
     def streaming(self) -> bool:
         return bool(self.stream)
+
+    @property
+    def logprobs_requested(self) -> bool:
+        """Whether the choices carry logprobs (each family spells the field its way)."""
+        return False
 
     @property
     def include_usage(self) -> bool:
@@ -151,6 +175,22 @@ def _check_seed_range(seed: int | None) -> None:
     raise request_validation_error([error], "body.seed")
 
 
+#: The most choices a request may ask for: vLLM's ``VLLM_MAX_N_SEQUENCES`` default (vllm/envs.py).
+MAX_N_SEQUENCES = 16384
+
+
+def check_n_limit(n: int) -> None:
+    """``n`` above vLLM's limit, with its text and no parameter (``_verify_num_sequences``,
+    vllm/sampling_params.py:56-63).  vLLM checks it as it builds the sampling params,
+    after the model check and the admission check (completion/serving.py:107-111,
+    chat_completion/serving.py:283), so the endpoints call it after their 503."""
+    if n > MAX_N_SEQUENCES:
+        raise validation_error(
+            f"n must be at most {MAX_N_SEQUENCES}, got {n}. "
+            "To increase this limit, set the VLLM_MAX_N_SEQUENCES environment variable."
+        )
+
+
 #: Below this temperature vLLM samples greedily (vllm/sampling_params.py:32).  An unset
 #: field takes vLLM's default (vllm/entrypoints/openai/chat_completion/protocol.py:705-713).
 _SAMPLING_EPS = 1e-5
@@ -161,6 +201,7 @@ def check_sampling_fields(request: SamplingFields, *, n: int = 1, max_tokens: in
     order and with its texts; the `` (parameter=…, value=…)`` suffix only where vLLM
     names the parameter.  ``n`` and ``max_tokens`` come from whichever request field
     the endpoint takes them from; ``max_tokens`` is named so whatever that field is."""
+    _check_logit_bias_keys(request.logit_bias)
     if n < 1:  # _verify_num_sequences, sampling_params.py:49-55 (no parameter)
         raise validation_error(f"n must be at least 1, got {n}.")
     presence = 0.0 if request.presence_penalty is None else request.presence_penalty
@@ -201,6 +242,63 @@ def check_sampling_fields(request: SamplingFields, *, n: int = 1, max_tokens: in
         raise validation_error("stop cannot contain an empty string.")
     if temperature < _SAMPLING_EPS and n > 1:  # _verify_greedy_sampling, sampling_params.py:770-774
         raise validation_error(f"n must be 1 when using greedy sampling, got {n}.")
+
+
+def _check_logit_bias_keys(logit_bias: dict[str, float] | None) -> None:
+    """Every ``logit_bias`` key must read as an integer, as Python's ``int`` reads it
+    (``SamplingParams.from_optional``, vllm/sampling_params.py:491-516, which runs
+    before ``_verify_args``).  The biases themselves are clamped to [-100, 100] there,
+    never refused."""
+    if not logit_bias:
+        return
+    invalid = []
+    for key in logit_bias:
+        try:
+            int(key)
+        except ValueError:
+            invalid.append(key)
+    if invalid:
+        message = f"logit_bias contains key(s) that cannot be converted to integer token IDs: {invalid!r}"
+        raise validation_error(message, parameter="logit_bias", value=invalid)
+
+
+def token_id_refusal(request: SamplingFields, vocab_size: int) -> ApiError | None:
+    """The 400 for token ids outside the vocabulary in ``logit_bias`` or
+    ``stop_token_ids``, in that order (``SamplingParams.verify``, vllm/sampling_params.py:
+    912-914, 1040-1093).  vLLM checks them as the engine takes the request, after the
+    ``--max-logprobs`` check and after a stream began: the endpoints refuse with it as
+    they refuse too many logprobs (:func:`llmsim.api.generation.stream`'s ``refusal``)."""
+    checked = (
+        # dict keys: one entry per id, in the order first given (int("01") is int("1"))
+        ("logit_bias", list(dict.fromkeys(int(key) for key in request.logit_bias or ()))),
+        ("stop_token_ids", list(dict.fromkeys(request.stop_token_ids or ()))),  # deduplicated (:583-586)
+    )
+    for name, ids in checked:
+        invalid = [token_id for token_id in ids if token_id < 0 or token_id >= vocab_size]
+        if invalid:
+            message = f"token_id(s) {invalid} in {name} contain out-of-vocab token ids. Vocabulary size: {vocab_size}"
+            return validation_error(message, parameter=name, value=invalid)
+    return None
+
+
+def _structure_logit_bias(value: object, _: type) -> dict[str, float] | None:
+    """``logit_bias``: an object of numbers (pydantic's ``dict[str, float]``), with
+    pydantic's error for each value that is not one, at ``body.logit_bias.<key>``."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise FieldErrors(PydanticError("dict_type", "Input should be a valid dictionary", value))
+    biases: dict[str, float] = {}
+    errors = []
+    for key, bias in value.items():
+        try:
+            biases[key] = _float(bias, float)
+        except FieldTypeError as exc:
+            kind, msg = pydantic_type_error(exc.expected, bias) or ("float_type", "Input should be a valid number")
+            errors.append(PydanticError(kind, msg, bias, (key,)))
+    if errors:
+        raise FieldErrors(*errors)
+    return biases
 
 
 #: A prompt in one of its four forms: a string, strings, token ids, arrays of token ids.
@@ -246,15 +344,39 @@ def _structure_url(value: object) -> str:
     raise FieldTypeError("a 'url' string", value)
 
 
+#: The most stop strings a list may hold: ``VLLM_MAX_STOP_STRINGS``'s default (vllm/envs.py:114).
+MAX_STOP_STRINGS = 4
+_NOT_A_STRING = "Input should be a valid string"
+
+
 def _structure_stop(value: object, _: type) -> str | tuple[str, ...] | None:
-    """``stop``: a string, or an array of strings (vLLM's ``StopParam``)."""
+    """``stop``: a string, or an array of at most :data:`MAX_STOP_STRINGS` strings
+    (vLLM's ``StopParam``, vllm/entrypoints/generate/base/protocol.py:26-28).  Anything
+    else gets pydantic's errors for that union: the string branch's, then the list
+    branch's — too long (its length is checked before its items), its items that are
+    not strings, or not a list at all."""
     if value is None or isinstance(value, str):
         return value
-    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+    if isinstance(value, list) and len(value) <= MAX_STOP_STRINGS and all(isinstance(item, str) for item in value):
         return tuple(value)
-    raise FieldTypeError("a string or an array of strings", value)
+    errors = [PydanticError("string_type", _NOT_A_STRING, value)]
+    if not isinstance(value, list):
+        errors.append(PydanticError("list_type", "Input should be a valid list", value))
+    elif len(value) > MAX_STOP_STRINGS:
+        message = f"List should have at most {MAX_STOP_STRINGS} items after validation, not {len(value)}"
+        ctx: dict[str, object] = {"field_type": "List", "max_length": MAX_STOP_STRINGS, "actual_length": len(value)}
+        errors.append(PydanticError("too_long", message, value, ctx=ctx))
+    else:
+        errors.extend(
+            PydanticError("string_type", _NOT_A_STRING, item, (i,))
+            for i, item in enumerate(value)
+            if not isinstance(item, str)
+        )
+    raise FieldErrors(*errors)
 
 
+_float = converter.get_structure_hook(float)
 converter.register_structure_hook_func(lambda t: t == (str | tuple[str, ...] | None), _structure_stop)
+converter.register_structure_hook_func(lambda t: t == (dict[str, float] | None), _structure_logit_bias)
 converter.register_structure_hook_func(lambda t: t == (MediaUrl | None), _structure_media_url)
 converter.register_structure_hook_func(lambda t: t == Prompt, _structure_prompt)

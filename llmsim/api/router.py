@@ -14,6 +14,7 @@ from types import MappingProxyType
 
 import attrs
 
+from llmsim.api.auth import authorized, send_unauthorized
 from llmsim.api.context import ApiContext, Call
 from llmsim.api.errors import JSON_HEADERS, ApiError
 from llmsim.api.http import HttpRequest, ResponseStream
@@ -141,6 +142,10 @@ class Api:
         self.router = router
 
     async def handle(self, request: HttpRequest, response: ResponseStream) -> None:
+        keys = self.ctx.control.api_key  # --api-key: checked before routing, as vLLM's middleware
+        if keys and not authorized(request, keys):
+            send_unauthorized(response)
+            return
         try:
             resolved = self.router.resolve(request.method, request.path)
         except ApiError as error:  # 404 / 405: in the envelope of the path's family

@@ -28,7 +28,17 @@ from cattrs.gen import make_dict_structure_fn
 
 from llmsim.api.errors import ApiError
 
-__all__ = ["FieldTypeError", "converter", "error_input", "json_type_name", "request_validation_error", "structure"]
+__all__ = [
+    "FieldErrors",
+    "FieldTypeError",
+    "PydanticError",
+    "converter",
+    "error_input",
+    "json_type_name",
+    "pydantic_type_error",
+    "request_validation_error",
+    "structure",
+]
 
 T = TypeVar("T")
 
@@ -40,6 +50,27 @@ class FieldTypeError(TypeError):
         super().__init__(f"expected {expected}, got {json_type_name(value)}")
         self.expected = expected
         self.value = value
+
+
+@attrs.frozen
+class PydanticError:
+    """One error as pydantic reports it, for a value at ``loc`` below the field that
+    failed (a union branch's own markers left out, as vLLM cleans them)."""
+
+    type: str
+    msg: str
+    input: object
+    loc: tuple[str | int, ...] = ()
+    ctx: dict[str, object] | None = None
+
+
+class FieldErrors(ValueError):
+    """A field's value refused with pydantic's own errors (one or more, e.g. one per
+    branch of a union), reported as they are."""
+
+    def __init__(self, *errors: PydanticError) -> None:
+        super().__init__("; ".join(error.msg for error in errors))
+        self.errors = errors
 
 
 def json_type_name(value: object) -> str:
@@ -201,7 +232,7 @@ _PYDANTIC_TYPE_ERRORS = {
 }
 
 
-def _pydantic_type_error(expected: str, value: object) -> tuple[str, str] | None:
+def pydantic_type_error(expected: str, value: object) -> tuple[str, str] | None:
     """What pydantic says of ``value`` where ``expected`` is wanted (lax mode parses strings)."""
     if isinstance(value, str):
         if expected == "an integer":
@@ -244,8 +275,11 @@ def _as_api_error(exc: BaseException, value: object) -> ApiError:
         parent = _value_at(value, path[:-1])
         error = {"type": "missing", "loc": loc, "msg": "Field required", "input": error_input(parent)}
         return request_validation_error([error], loc)
+    if isinstance(leaf, FieldErrors):
+        errors: list[object] = [_error_dict(error, [*path, *error.loc]) for error in leaf.errors]
+        return request_validation_error(errors, _loc(path + list(leaf.errors[0].loc)))
     if isinstance(leaf, FieldTypeError):
-        known = _pydantic_type_error(leaf.expected, leaf.value)
+        known = pydantic_type_error(leaf.expected, leaf.value)
         if known is not None:
             kind, msg = known
             error = {"type": kind, "loc": loc, "msg": msg, "input": error_input(leaf.value)}
@@ -263,6 +297,19 @@ def _as_api_error(exc: BaseException, value: object) -> ApiError:
         "ctx": {"error": ValueError(text)},
     }
     return request_validation_error([error], loc)
+
+
+def _loc(path: list[str | int]) -> str:
+    return ".".join(["body", *map(str, path)])
+
+
+def _error_dict(error: PydanticError, path: list[str | int]) -> dict[str, object]:
+    """``error`` as vLLM prints it: its ``loc`` dotted, its ``input`` bounded."""
+    fields: dict[str, object] = {"type": error.type, "loc": _loc(path), "msg": error.msg}
+    fields["input"] = error_input(error.input)
+    if error.ctx is not None:
+        fields["ctx"] = error.ctx
+    return fields
 
 
 def _dotted(path: list[str | int]) -> str:

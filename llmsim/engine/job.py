@@ -14,7 +14,7 @@ from typing import Protocol
 
 import attrs
 
-__all__ = ["Job", "JobSink", "JobState"]
+__all__ = ["Job", "JobSink", "JobState", "RequestGroup"]
 
 
 class JobState(enum.Enum):
@@ -47,6 +47,23 @@ class JobSink(Protocol):
         """
 
 
+@attrs.define(eq=False)
+class RequestGroup:
+    """The jobs of one request's prompt (its ``n`` choices), for the metrics vLLM records
+    once per request: ``n`` and the most tokens any choice generated
+    (``vllm/v1/engine/parallel_sampling.py:137-152``).  The engine counts it down as
+    its jobs finish; a cancelled job keeps it from ever completing, as vLLM drops an
+    aborted parent request's stats."""
+
+    n: int
+    unfinished: int = attrs.field()
+    max_generated: int = 0
+
+    @unfinished.default
+    def _all_unfinished(self) -> int:
+        return self.n
+
+
 @attrs.define(eq=False, repr=False)
 class Job:
     """One sequence to simulate.  Fields after ``sink`` are owned by the engine."""
@@ -61,6 +78,7 @@ class Job:
     max_tokens: int | None = None  # the request's cap (for metrics); the plan already honours it
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (not prefilled again)
     remote_prefill: bool = False  # P/D decode side: TTFT is the KV transfer time
+    group: RequestGroup | None = None  # the request's other choices; None: a request of its own
 
     # --- engine-owned state (engine clock, seconds) -------------------------------------
     state: JobState = JobState.NEW
@@ -69,6 +87,7 @@ class Job:
     arrival_time: float = 0.0  # submit
     admitted_time: float | None = None  # got a running slot (queue time = admitted - arrival)
     first_token_time: float | None = None  # first sink call (TTFT = first_token - arrival)
+    last_token_time: float = 0.0  # latest sink call (the next inter-token latency starts here)
     finish_time: float | None = None  # last sink call, or cancel / reject
     prefilled_tokens: int = 0  # prompt tokens with KV ready; cached ones count from admission
     deadline: float = 0.0  # absolute due time of the next token (first token while PREFILL)

@@ -48,6 +48,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
 
@@ -56,6 +57,7 @@ import attrs
 from llmsim.engine.errors import QueueFullError, QueueLimit
 from llmsim.engine.job import Job, JobState
 from llmsim.engine.latency import LatencyModel
+from llmsim.engine.metrics import EngineMetrics
 from llmsim.engine.prefill import ChunkedPrefill
 from llmsim.options import EngineOptions, LatencyOptions
 
@@ -117,11 +119,21 @@ class EngineStatistics:
 class Engine:
     """Admits, queues, cancels and paces :class:`~llmsim.engine.job.Job` objects.
 
-    ``rng`` drives latency jitter (``llmsim.app.build_engine`` seeds it from ``--seed``).
+    ``rng`` drives latency jitter (``llmsim.app.build_engine`` seeds it from ``--seed``);
+    ``metrics`` records vLLM's request statistics from the engine's events (a fresh one,
+    bucketed for the default context window, if not given).
     """
 
-    def __init__(self, options: EngineOptions, latency: LatencyOptions, *, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        options: EngineOptions,
+        latency: LatencyOptions,
+        *,
+        rng: random.Random | None = None,
+        metrics: EngineMetrics | None = None,
+    ) -> None:
         self._options = options
+        self.metrics = metrics if metrics is not None else EngineMetrics()
         self._latency = LatencyModel.from_options(latency, options.max_num_seqs)
         self._prefill = ChunkedPrefill(options.batched_token_budget, latency.inter_token_latency)
         self._rng = rng if rng is not None else random.Random()
@@ -221,6 +233,7 @@ class Engine:
         """
         cap = self._options.max_num_queued_reqs
         if cap is not None and self._running + self._waiting_count + count > cap:
+            self.metrics.admission_rejected("max_num_queued_reqs")
             raise QueueFullError(QueueLimit.QUEUED_REQUESTS)
 
     def submit(self, job: Job, now: float) -> None:
@@ -316,6 +329,7 @@ class Engine:
 
     def step(self, now: float) -> None:
         """Do everything due at or before ``now``, calling the jobs' sinks."""
+        generated_before = self._generated_tokens
         earliest = math.inf
         if self._prefill.next_period_end <= now:
             earliest = self._prefill.next_period_end
@@ -339,6 +353,7 @@ class Engine:
                 self._run(buckets.pop(time), time, now, time)
         finally:
             self._horizon = -math.inf
+            self.metrics.step_done(self._generated_tokens - generated_before)
         self._fill_slots(now)
         if earliest != math.inf:
             self._record_step(now - earliest)
@@ -373,6 +388,7 @@ class Engine:
         self._running += 1
         job.state = JobState.PREFILL
         job.admitted_time = now
+        self.metrics.admitted(job)
         if job.remote_prefill:
             job.prefilled_tokens = job.prompt_tokens
         else:
@@ -444,6 +460,10 @@ class Engine:
         inverse_grid = self._inverse_grid
         fixed_itl = self._fixed_itl
         buckets = self._buckets
+        metrics = self.metrics
+        itl_histogram = metrics.inter_token_latency
+        itl_bounds, itl_counts = itl_histogram.bounds, itl_histogram.counts
+        itl_sum = 0.0
         done = 0
         generated = 0
         try:
@@ -457,6 +477,11 @@ class Engine:
                 if job.state is _PREFILL:
                     self._start_decoding(job, now)
                 start = job.emitted
+                if start:  # one inter-token latency per output, however many tokens it carries
+                    itl = now - job.last_token_time
+                    itl_counts[bisect_left(itl_bounds, itl)] += 1
+                    itl_sum += itl
+                job.last_token_time = now
                 total = len(job.output)
                 deadline = job.deadline
                 # How many tokens are due, and the deadline that follows: the next
@@ -487,6 +512,7 @@ class Engine:
                     self._finished += 1
                     self._running -= 1
                     self._decoding -= 1
+                    metrics.finished(job, now)
                     if self._waiting_count:
                         self._fill_slots(deadline)
                 else:
@@ -535,6 +561,7 @@ class Engine:
             raise
         finally:
             self._generated_tokens += generated
+            itl_histogram.sum += itl_sum
 
     def _due_tokens(self, deadline: float, now: float, remaining: int) -> tuple[int, float]:
         """The catch-up loop of :meth:`_run` with jittered or load-scaled ITLs."""
@@ -557,6 +584,7 @@ class Engine:
         job.prefilled_tokens = job.prompt_tokens
         self._decoding += 1
         self._prompt_tokens += job.prompt_tokens
+        self.metrics.first_token(job, now)
 
     # --- bookkeeping ---------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ __all__ = [
     "BUFFER_LOW_WATER",
     "MAX_HEADER_BYTES",
     "ConnectionTracker",
+    "EngineLoad",
     "ProtocolSettings",
     "ServerHandle",
     "ServerStatistics",
@@ -67,30 +68,48 @@ class ProtocolSettings:
 
 
 @attrs.frozen
+class EngineLoad:
+    """What the application behind the server reports of its engine: the same counters
+    ``GET /metrics`` reads (``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
+    ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total`` and the sum of
+    ``vllm:request_success_total``)."""
+
+    running: int = 0
+    waiting: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    requests_finished: int = 0
+
+
+@attrs.frozen
 class ServerStatistics:
-    """A snapshot of a running server (connections and streams of both protocols)."""
+    """A snapshot of a running server (connections and streams of both protocols) and
+    of its engine (see :class:`EngineLoad`)."""
 
     open_connections: int
     active_streams: int
     requests_served: int
     running: int
     waiting: int
+    prompt_tokens: int
+    generation_tokens: int
+    requests_finished: int
 
 
-def _no_load() -> tuple[int, int]:
-    return (0, 0)
+def _no_load() -> EngineLoad:
+    return EngineLoad()
 
 
 @attrs.define(eq=False)
 class ConnectionTracker:
     """Live counters, updated by the connection handlers.
 
-    ``load`` returns the engine's ``(running, waiting)`` when a snapshot is taken.
+    ``load`` reports the engine's :class:`EngineLoad` when a snapshot is taken.
     A stream is active from its request head until its response ends or is reset;
     ``requests_served`` counts responses sent to the end.
     """
 
-    load: Callable[[], tuple[int, int]] = _no_load
+    load: Callable[[], EngineLoad] = _no_load
     open_connections: int = 0
     active_streams: int = 0
     requests_served: int = 0
@@ -111,13 +130,16 @@ class ConnectionTracker:
         self.requests_served += 1
 
     def statistics(self) -> ServerStatistics:
-        running, waiting = self.load()
+        load = self.load()
         return ServerStatistics(
             open_connections=self.open_connections,
             active_streams=self.active_streams,
             requests_served=self.requests_served,
-            running=running,
-            waiting=waiting,
+            running=load.running,
+            waiting=load.waiting,
+            prompt_tokens=load.prompt_tokens,
+            generation_tokens=load.generation_tokens,
+            requests_finished=load.requests_finished,
         )
 
 

@@ -136,12 +136,22 @@ async def test_suffix_is_refused_as_vllm_does(fields: dict[str, Any], message: s
             "{'type': 'less_than_equal', 'loc': 'body.seed', 'msg': 'Input should be less than or equal to "
             "9223372036854775807', 'input': 9223372036854775808, 'ctx': {'le': 9223372036854775807}}",
         ),
+        (
+            -(2**63) - 1,
+            "{'type': 'greater_than_equal', 'loc': 'body.seed', 'msg': 'Input should be greater than or equal to "
+            "-9223372036854775808', 'input': -9223372036854775809, 'ctx': {'ge': -9223372036854775808}}",
+        ),
+        (
+            2**64,
+            "{'type': 'less_than_equal', 'loc': 'body.seed', 'msg': 'Input should be less than or equal to "
+            "9223372036854775807', 'input': 18446744073709551616, 'ctx': {'le': 9223372036854775807}}",
+        ),
     ],
 )
 async def test_a_seed_outside_int64_is_pydantics_range_error(seed: int, error: str, autojump_clock: MockClock) -> None:
     """vllm/entrypoints/openai/chat_completion/protocol.py:253 (Field(None, ge=_INT64_MIN, le=_INT64_MAX)),
-    rendered by vllm/entrypoints/serve/exception_handling/handlers/validation.py:149-196.  (Below
-    int64 the body's JSON decoder, orjson, reads the number as a float, so that side is not pinned.)"""
+    rendered by vllm/entrypoints/serve/exception_handling/handlers/validation.py:149-196; the numbers
+    exactly as sent, as Python's json module (FastAPI's) reads them."""
     body = f'{{"prompt": "hi", "max_tokens": 2, "seed": {seed}}}'.encode()
     async with running() as sim:
         response = await post(sim, "/v1/completions", body)

@@ -17,7 +17,9 @@ finishing chunk (serving.py:824-834); the usage chunk leaves out null keys
 One chunk per token, and the last token's own chunk carries the ``finish_reason``
 (serving.py:796-809): on ``length`` that is the last text token; a turn the model ended
 itself ends with its EOS token (see ``llmsim.api.plan.with_eos``), whose chunk has empty
-content (its text is skipped) and arrives one inter-token latency after the last text.
+content (its text is skipped) and arrives one inter-token latency after the last text;
+a turn a ``stop`` string or stop token ended has no EOS, and its last chunk names that
+string or id in ``stop_reason`` (see ``llmsim.api.plan.stop_turn``).
 The role chunks go out with the request's first token (after TTFT), one per choice, all
 before any token (serving.py:597-634); with ``echo`` the echoed assistant prefix of
 every choice follows them.  The usage chunk comes only with
@@ -67,7 +69,8 @@ _CONTENT_OPEN = b',"delta":{"content":"'
 _CONTENT_CLOSE = b'"},"logprobs":'
 _UNFINISHED = b',"finish_reason":null,"token_ids":null}]'  # a token chunk's choice, after its logprobs
 _FINISH_OPEN = b',"finish_reason":'
-_FINISH_CLOSE = b',"stop_reason":null,"token_ids":null,"weight_versions":null}]'
+_STOP_REASON = b',"stop_reason":'
+_FINISH_CLOSE = b',"token_ids":null,"weight_versions":null}]'
 _END = b"}\n\n"  # the role and echo chunks: built without kv_transfer_params (serving.py:610-619, 646-652)
 _KV_END = b',"kv_transfer_params":null}\n\n'  # a token chunk passes it, None until set (serving.py:815-823)
 _TOKEN_CLOSE = _CONTENT_CLOSE + b"null" + _UNFINISHED + _KV_END
@@ -80,11 +83,6 @@ _ECHO_CLOSE = b'"},"logprobs":null,"finish_reason":null}]'
 #: Chat's usage without --enable-prompt-tokens-details (the routes pass the server's).
 CHAT_USAGE = UsageStyle(prompt_details=False, created_cache_tokens=True)
 _FINISHED = JobState.FINISHED  # a module global: enum member lookups cost on the per-token path
-
-
-def _finish_tail(job: Job) -> bytes:
-    """The end of the choice of a job's last chunk, after its logprobs."""
-    return _FINISH_OPEN + json_bytes(job.finish_reason) + _FINISH_CLOSE
 
 
 @attrs.frozen
@@ -125,7 +123,8 @@ class ChatStreamRenderer:
     logprobs to its chunk; ``chunk_usage`` puts the cumulative usage on every chunk.
     Under ``tool_choice: "required"`` (``required_tool_choice``) a call's later
     argument deltas say ``"name":null``, as vLLM's required parser passes it
-    (vllm/tool_parsers/streaming.py:270-283).
+    (vllm/tool_parsers/streaming.py:270-283).  ``stop_reasons[i]`` is the stop string or
+    token id that ended choice ``i`` (None: none did).
     """
 
     def __init__(
@@ -143,8 +142,10 @@ class ChatStreamRenderer:
         chunk_usage: ChunkUsage | None = None,
         fingerprint: str | None = None,
         usage_style: UsageStyle = CHAT_USAGE,
+        stop_reasons: Sequence[str | int | None] | None = None,
     ) -> None:
         head = chunk_head(response_id, b'"chat.completion.chunk"', created, model)
+        self._stop_reasons = stop_reasons
         # One plain loop, not a comprehension per list: this runs once per request.
         self._choice_heads: list[bytes] = []
         self._token_opens: list[bytes] = []
@@ -209,7 +210,7 @@ class ChatStreamRenderer:
                 return b""
             return self._token_opens[index] + self._token_joiners[index].join(pieces) + _TOKEN_CLOSE
         body = self._token_joiners[index].join(pieces)
-        return self._token_opens[index] + body + _CONTENT_CLOSE + b"null" + _finish_tail(job) + self._finish_end
+        return self._token_opens[index] + body + _CONTENT_CLOSE + b"null" + self._finish_tail(job) + self._finish_end
 
     def _chunks(self, job: Job, start: int, stop: int) -> bytes:
         """One chunk per token, with tool-call deltas, logprobs and usage as asked."""
@@ -217,7 +218,8 @@ class ChatStreamRenderer:
         finished = job.state is _FINISHED
         if finished and stop == start:  # an empty plan: only its finish chunk
             usage = b"" if self._chunk_usage is None else self._chunk_usage.render(0)
-            return self._token_opens[index] + _CONTENT_CLOSE + b"null" + _finish_tail(job) + usage + self._finish_end
+            close = self._finish_tail(job) + usage + self._finish_end
+            return self._token_opens[index] + _CONTENT_CLOSE + b"null" + close
         calls = None if self._calls is None else self._calls[index]
         arguments = 0 if calls is None else len(calls.opens)  # later positions: the EOS token
         logprobs, chunk_usage = self._logprobs, self._chunk_usage
@@ -228,12 +230,18 @@ class ChatStreamRenderer:
             values = b"null" if logprobs is None else logprobs.token_bytes(job, position)
             usage = b"" if chunk_usage is None else chunk_usage.render(position + 1)
             end = usage + _KV_END
-            close = _finish_tail(job) + usage + self._finish_end if position == last else _UNFINISHED + end
+            close = self._finish_tail(job) + usage + self._finish_end if position == last else _UNFINISHED + end
             if calls is None or position >= arguments:
                 chunks.append(self._token_opens[index] + piece + _CONTENT_CLOSE + values + close)
                 continue
             chunks.append(calls.opens[position] + piece + _ARGUMENTS_CLOSE + values + close)
         return b"".join(chunks)
+
+    def _finish_tail(self, job: Job) -> bytes:
+        """The end of the choice of a job's last chunk, after its logprobs: the finish
+        reason and the stop string or token id that ended the choice (serving.py:796-809)."""
+        stop_reason = None if self._stop_reasons is None else self._stop_reasons[job.index]
+        return _FINISH_OPEN + json_bytes(job.finish_reason) + _STOP_REASON + json_bytes(stop_reason) + _FINISH_CLOSE
 
     def tail(self, jobs: Sequence[Job]) -> bytes:
         """After the last choice finished: the usage chunk if asked for, then [DONE]."""
@@ -258,6 +266,7 @@ def chat_completion_body(
     fingerprint: str | None = None,
     usage_style: UsageStyle = CHAT_USAGE,
     forced_tool_calls: bool = False,
+    stop_reasons: Sequence[str | int | None] | None = None,
 ) -> bytes:
     """The non-streaming response: vLLM's ``ChatCompletionResponse`` dumped whole
     (vllm/entrypoints/openai/chat_completion/protocol.py:113-164, api_router.py:113).
@@ -273,7 +282,7 @@ def chat_completion_body(
             "message": _message(job, echo, tool_calls[job.index] if tool_calls else (), forced_tool_calls),
             "logprobs": None if logprobs is None else logprobs.of(job),
             "finish_reason": job.finish_reason,
-            "stop_reason": None,
+            "stop_reason": None if stop_reasons is None else stop_reasons[job.index],
             "token_ids": None,
             "routed_experts": None,
             "weight_versions": None,

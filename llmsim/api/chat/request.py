@@ -120,6 +120,10 @@ class ChatCompletionRequest(GenerationParams):
         return "auto" if self.tools else "none"
 
     @property
+    def logprobs_requested(self) -> bool:
+        return bool(self.logprobs)
+
+    @property
     def requested_max_tokens(self) -> int | None:
         """``max_completion_tokens`` wins over the deprecated ``max_tokens``."""
         if self.max_completion_tokens is not None:

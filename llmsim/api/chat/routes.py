@@ -13,6 +13,7 @@ from llmsim.api.chat.request import (
 from llmsim.api.chat.tools import plan_choices, tool_specs
 from llmsim.api.context import ApiContext, Call
 from llmsim.api.errors import JSON_HEADERS
+from llmsim.api.failures import check_injected_failure
 from llmsim.api.generation import RequestIdentity, check_job_count, collect, stream
 from llmsim.api.logprobs_format import ChatLogprobs, choice_seed
 from llmsim.api.logprobs_limit import checked_logprobs
@@ -24,8 +25,10 @@ from llmsim.api.plan import (
     check_min_tokens,
     output_cap,
     plan_text_choices,
+    stop_rule,
 )
 from llmsim.api.prompts import check_context_length
+from llmsim.api.request_fields import token_id_refusal
 from llmsim.api.router import Router
 from llmsim.api.structured import structured_output
 from llmsim.api.usage import ChunkUsage, UsageStyle
@@ -37,6 +40,7 @@ __all__ = ["chat_completions", "register"]
 async def chat_completions(call: Call) -> None:
     ctx = call.ctx
     request = parse_chat_request(call.json())
+    check_injected_failure(call)  # X-Return-Error, --failure-injection-rate
     tools = tool_specs(request.tools)
     structured = structured_output(
         request.response_format,
@@ -65,11 +69,13 @@ async def chat_completions(call: Call) -> None:
         request.choices_per_prompt,
     )
     tool_calls = [turn.tool_calls for turn in turns] if calling else None
+    stop_reasons = [turn.stop_reason for turn in turns]
     logprobs = refusal = None
     if request.logprobs:
         top_logprobs, refusal = checked_logprobs(ctx, request.top_logprobs or 0)
         seeds = [choice_seed(ctx.model.seed, identity.request_id, i) for i in range(len(turns))]
         logprobs = ChatLogprobs(top_logprobs, seeds, ctx.text.eos)
+    refusal = refusal or token_id_refusal(request, ctx.tokenizer.vocab_size)
     created = int(ctx.wall_clock())
     echo = assistant_echo(request.messages) if request.echo else None
     usage_style = UsageStyle(prompt_details=ctx.model.enable_prompt_tokens_details, created_cache_tokens=True)
@@ -87,6 +93,7 @@ async def chat_completions(call: Call) -> None:
             chunk_usage=ChunkUsage(len(prompt_ids), with_details=True) if request.continuous_usage else None,
             fingerprint=ctx.model.system_fingerprint,
             usage_style=usage_style,
+            stop_reasons=stop_reasons,
         )
         await stream(call, plan, renderer, identity.headers, refusal=refusal)
         return
@@ -102,6 +109,7 @@ async def chat_completions(call: Call) -> None:
         fingerprint=ctx.model.system_fingerprint,
         usage_style=usage_style,
         forced_tool_calls=calling and request.effective_tool_choice != "auto",
+        stop_reasons=stop_reasons,
     )
     call.respond(200, body, (*JSON_HEADERS, *identity.headers))
 
@@ -130,6 +138,7 @@ def _plan_turns(
             ignore_eos=ignore_eos,
             min_tokens=min_tokens,
             structured=structured,
+            stop=stop_rule(request),
         )
     return plan_choices(
         ctx,
@@ -144,6 +153,7 @@ def _plan_turns(
         echo_text=echo_text,
         min_tokens=min_tokens,
         structured=structured,
+        stop=stop_rule(request),
     )
 
 

@@ -24,12 +24,13 @@ from llmsim.api.chat.request import ChatTool
 from llmsim.api.context import ApiContext
 from llmsim.api.errors import ApiError
 from llmsim.api.plan import (
+    StopRule,
     StructuredOutput,
     TurnPlan,
+    finish_turn,
     output_cap,
     plan_answer,
     plan_tool_calls,
-    with_eos,
 )
 from llmsim.api.tool_support import planning_errors
 from llmsim.model.text import FinishReason
@@ -73,10 +74,11 @@ def plan_choices(
     echo_text: str,
     min_tokens: int = 0,
     structured: StructuredOutput | None = None,
+    stop: StopRule | None = None,
 ) -> list[TurnPlan]:
     """What each choice says: its tool calls (at most one without
     ``parallel_tool_calls``), or text when the planner chose none (satisfying
-    ``structured`` when given)."""
+    ``structured`` when given, cut at a ``stop`` string or token)."""
     options = ctx.tool_calls
     cap = output_cap(ctx, prompt_tokens, max_tokens)
     named = isinstance(choice, NamedToolChoice)
@@ -101,5 +103,5 @@ def plan_choices(
                 echo_text=echo_text,
                 min_tokens=min_tokens,
             )
-        plans.append(with_eos(ctx, turn, cap))
+        plans.append(finish_turn(ctx, turn, cap, stop))
     return plans

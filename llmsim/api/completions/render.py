@@ -10,7 +10,9 @@ token, with ``system_fingerprint`` when no usage chunk follows (serving.py:467-4
 
 A turn the model ended itself ends with its EOS token (see
 ``llmsim.api.plan.with_eos``), whose chunk has empty ``text`` and ``"stop"``, one
-inter-token latency after the last text.  Then, with ``stream_options.include_usage``,
+inter-token latency after the last text; a turn a ``stop`` string or stop token ended
+has no EOS, and its last chunk names that string or id in ``stop_reason`` (see
+``llmsim.api.plan.stop_turn``).  Then, with ``stream_options.include_usage``,
 a ``"choices":[]`` usage chunk, then ``data: [DONE]``; with ``continuous_usage_stats``
 too, every chunk carries its choice's cumulative ``usage`` against its prompt
 (:class:`~llmsim.api.usage.ChunkUsage`).  Choice ``i`` answers prompt ``i // n``; with
@@ -49,7 +51,9 @@ _REASON_KEY = b',"finish_reason":'
 _UNFINISHED = _REASON_KEY + b"null"
 # A chunk's choice passes every field (serving.py:437-462) and the chunk is dumped with
 # exclude_unset (serving.py:486): no "usage" key unless set, kv_transfer_params always.
-_CHOICE_CLOSE = b',"stop_reason":null,"prompt_token_ids":null,"token_ids":null,"weight_versions":null}]'
+_STOP_REASON = b',"stop_reason":'
+_CHOICE_REST = b',"prompt_token_ids":null,"token_ids":null,"weight_versions":null}]'
+_CHOICE_CLOSE = _STOP_REASON + b"null" + _CHOICE_REST
 _KV_END = b',"kv_transfer_params":null}\n\n'
 _TOKEN_CLOSE = _LOGPROBS_KEY + b"null" + _UNFINISHED + _CHOICE_CLOSE + _KV_END
 #: Completions' usage without --enable-prompt-tokens-details (the routes pass the server's).
@@ -62,7 +66,8 @@ class CompletionStreamRenderer:
 
     ``echo_prompts`` are the texts ``echo`` prepends, one per prompt; ``prompt_only``
     is ``echo`` with ``max_tokens: 0``; ``chunk_usages`` (one per prompt) put the
-    cumulative usage on every chunk.
+    cumulative usage on every chunk; ``stop_reasons[i]`` is the stop string or token id
+    that ended choice ``i`` (None: none did).
     """
 
     def __init__(
@@ -80,8 +85,10 @@ class CompletionStreamRenderer:
         chunk_usages: Sequence[ChunkUsage] | None = None,
         fingerprint: str | None = None,
         usage_style: UsageStyle = COMPLETION_USAGE,
+        stop_reasons: Sequence[str | int | None] | None = None,
     ) -> None:
         head = chunk_head(response_id, b'"text_completion"', created, model)
+        self._stop_reasons = stop_reasons
         # One plain loop, not a comprehension per list: this runs once per request.
         self._text_opens: list[bytes] = []
         self._text_joiners: list[bytes] = []
@@ -125,7 +132,7 @@ class CompletionStreamRenderer:
             texts = [b""]
         if not self._plain:
             return self._chunks(job, start, stop, texts, finished)
-        close = _LOGPROBS_KEY + b"null" + _finish_close(job) + self._finish_end if finished else _TOKEN_CLOSE
+        close = _LOGPROBS_KEY + b"null" + self._finish_close(job) + self._finish_end if finished else _TOKEN_CLOSE
         return self._text_opens[index] + self._text_joiners[index].join(texts) + close
 
     def _chunks(self, job: Job, start: int, stop: int, texts: list[bytes], finished: bool) -> bytes:
@@ -139,7 +146,7 @@ class CompletionStreamRenderer:
             values = b"null" if logprobs is None else logprobs.chunk_bytes(job, position, min(position + 1, stop))
             if finished and k == last:
                 chunks.append(
-                    self._chunk(job, text, values, _finish_close(job), min(position + 1, stop), self._finish_end)
+                    self._chunk(job, text, values, self._finish_close(job), min(position + 1, stop), self._finish_end)
                 )
             else:
                 chunks.append(self._chunk(job, text, values, _UNFINISHED + _CHOICE_CLOSE, min(position + 1, stop)))
@@ -151,7 +158,7 @@ class CompletionStreamRenderer:
         assert self._echo_prompts is not None  # prompt_only comes with echo
         prompt = self._echo_prompts[job.index // self._choices_per_prompt]
         values = b"null" if self._logprobs is None else self._logprobs.chunk_bytes(job, 0, 0)
-        return self._chunk(job, prompt, values, _finish_close(job), job.emitted, self._finish_end)
+        return self._chunk(job, prompt, values, self._finish_close(job), job.emitted, self._finish_end)
 
     def _chunk(self, job: Job, text: bytes, values: bytes, reason: bytes, tokens: int, end: bytes = _KV_END) -> bytes:
         """One chunk: ``text``, its logprobs ``values``, the finish ``reason`` and the
@@ -159,6 +166,12 @@ class CompletionStreamRenderer:
         usages = self._chunk_usages
         usage = b"" if usages is None else usages[job.index // self._choices_per_prompt].render(tokens)
         return self._text_opens[job.index] + text + _LOGPROBS_KEY + values + reason + usage + end
+
+    def _finish_close(self, job: Job) -> bytes:
+        """A finished job's last chunk, from its finish reason (and the stop string or
+        token id that ended it, serving.py:437-462) to the end of its choice."""
+        stop_reason = None if self._stop_reasons is None else self._stop_reasons[job.index]
+        return _REASON_KEY + json_bytes(job.finish_reason) + _STOP_REASON + json_bytes(stop_reason) + _CHOICE_REST
 
     def tail(self, jobs: Sequence[Job]) -> bytes:
         """After the last choice finished: the usage chunk if asked for, then [DONE]."""
@@ -169,11 +182,6 @@ class CompletionStreamRenderer:
 
     def error(self, error: ApiError) -> bytes:
         return error_events(error)
-
-
-def _finish_close(job: Job) -> bytes:
-    """A finished job's last chunk, from its finish reason to the end of its choice."""
-    return _REASON_KEY + json_bytes(job.finish_reason) + _CHOICE_CLOSE
 
 
 def completion_body(
@@ -188,6 +196,7 @@ def completion_body(
     logprobs: CompletionLogprobs | None = None,
     fingerprint: str | None = None,
     usage_style: UsageStyle = COMPLETION_USAGE,
+    stop_reasons: Sequence[str | int | None] | None = None,
 ) -> bytes:
     """The non-streaming response: vLLM's ``CompletionResponse`` dumped whole
     (vllm/entrypoints/openai/completion/protocol.py:674-725, serving.py:704-714).
@@ -206,7 +215,7 @@ def completion_body(
             "text": text_of(job),
             "logprobs": None if logprobs is None else logprobs.of(job, with_output=not prompt_only),
             "finish_reason": job.finish_reason,
-            "stop_reason": None,
+            "stop_reason": None if stop_reasons is None else stop_reasons[job.index],
             "token_ids": None,
             "prompt_logprobs": None,
             "prompt_token_ids": None,

@@ -33,6 +33,10 @@ class CompletionRequest(GenerationParams):
     suffix: str | None = None  # refused: the simulated model has no FIM rendering
 
     @property
+    def logprobs_requested(self) -> bool:
+        return self.logprobs is not None
+
+    @property
     def echo_without_generation(self) -> bool:
         """``echo`` with ``max_tokens: 0``: vLLM generates one token (its internal
         max_tokens is 1) and answers with the prompt alone

@@ -6,11 +6,13 @@ from llmsim.api.completions.render import CompletionStreamRenderer, completion_b
 from llmsim.api.completions.request import CompletionRequest, parse_completion_request
 from llmsim.api.context import ApiContext, Call
 from llmsim.api.errors import JSON_HEADERS, ApiError
+from llmsim.api.failures import check_injected_failure
 from llmsim.api.generation import RequestIdentity, check_job_count, collect, stream
 from llmsim.api.logprobs_format import CompletionLogprobs, EchoedPrompt, choice_seed
 from llmsim.api.logprobs_limit import checked_logprobs
-from llmsim.api.plan import GenerationPlan, PromptPlan, check_min_tokens, output_cap, plan_text_choices
+from llmsim.api.plan import GenerationPlan, PromptPlan, check_min_tokens, output_cap, plan_text_choices, stop_rule
 from llmsim.api.prompts import CompletionPrompt, check_context_length, completion_prompts
+from llmsim.api.request_fields import token_id_refusal
 from llmsim.api.router import Router
 from llmsim.api.structured import structured_output
 from llmsim.api.usage import ChunkUsage, UsageStyle
@@ -21,12 +23,13 @@ __all__ = ["completions", "register"]
 async def completions(call: Call) -> None:
     ctx = call.ctx
     request = parse_completion_request(call.json())
+    check_injected_failure(call)  # X-Return-Error, --failure-injection-rate
     model = ctx.resolve_model(request.model)
     structured = structured_output(
         request.response_format, request.structured_outputs, count_param="structured_outputs"
     )
     prompts = completion_prompts(request.prompt, ctx.tokenizer)
-    check_job_count(ctx, len(prompts) * request.choices_per_prompt)
+    check_job_count(ctx, len(prompts) * request.choices_per_prompt, n=request.choices_per_prompt)
     max_tokens = request.requested_max_tokens
     for prompt in prompts:
         check_context_length(ctx.model.max_model_len, len(prompt.token_ids), max_tokens, prompt_is_text=prompt.is_text)
@@ -47,7 +50,9 @@ async def completions(call: Call) -> None:
         ignore_eos=bool(request.ignore_eos),
         min_tokens=request.min_tokens or 0,
         structured=structured,
+        stop=stop_rule(request),
     )
+    stop_reasons = [turn.stop_reason for turn in turns]
     plan = GenerationPlan(
         identity.request_id,
         [PromptPlan(prompt.token_ids, cap) for prompt, cap in zip(prompts, caps, strict=True)],
@@ -57,6 +62,7 @@ async def completions(call: Call) -> None:
     created = int(ctx.wall_clock())
     echo_prompts = [prompt.text for prompt in prompts] if request.echo else None
     logprobs, refusal = _logprobs(ctx, request, prompts, identity.request_id, len(turns))
+    refusal = refusal or token_id_refusal(request, ctx.tokenizer.vocab_size)
     usage_style = UsageStyle(prompt_details=ctx.model.enable_prompt_tokens_details, created_cache_tokens=False)
     if request.streaming:
         renderer = CompletionStreamRenderer(
@@ -74,6 +80,7 @@ async def completions(call: Call) -> None:
             else None,
             fingerprint=ctx.model.system_fingerprint,
             usage_style=usage_style,
+            stop_reasons=stop_reasons,
         )
         await stream(call, plan, renderer, identity.headers, refusal=refusal)
         return
@@ -89,6 +96,7 @@ async def completions(call: Call) -> None:
         logprobs=logprobs,
         fingerprint=ctx.model.system_fingerprint,
         usage_style=usage_style,
+        stop_reasons=stop_reasons,
     )
     call.respond(200, body, (*JSON_HEADERS, *identity.headers))
 

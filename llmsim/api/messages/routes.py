@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from llmsim.api.context import Call
 from llmsim.api.errors import JSON_HEADERS
+from llmsim.api.failures import check_injected_failure
 from llmsim.api.generation import RequestIdentity, check_job_count, collect, stream
 from llmsim.api.messages.render import (
     MessageShell,
@@ -36,6 +37,7 @@ __all__ = ["count_tokens", "create_message", "register"]
 async def create_message(call: Call) -> None:
     ctx = call.ctx
     request = parse_messages_request(call.json())
+    check_injected_failure(call)  # X-Return-Error, --failure-injection-rate
     model = ctx.resolve_model(request.model)
     check_job_count(ctx, 1)
     tools = function_tools(request.tools)

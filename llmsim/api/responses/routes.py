@@ -18,6 +18,7 @@ from typing import Any
 
 from llmsim.api.context import ApiContext, Call
 from llmsim.api.errors import JSON_HEADERS, ApiError, validation_error
+from llmsim.api.failures import check_injected_failure
 from llmsim.api.generation import RequestIdentity, check_job_count, collect, stream
 from llmsim.api.logprobs_format import choice_seed
 from llmsim.api.logprobs_limit import checked_logprobs
@@ -69,6 +70,7 @@ async def create_response(call: Call) -> None:
     ctx = call.ctx
     body = call.json()
     request = parse_responses_request(body)
+    check_injected_failure(call)  # X-Return-Error, --failure-injection-rate
     model = ctx.resolve_model(request.model)
     # with the store off, vLLM serves the request unstored (vllm/entrypoints/openai/responses/serving.py:355-363)
     storing = request.storing and ctx.model.enable_responses_store

@@ -217,7 +217,8 @@ async def test_token_ids_beyond_the_vocabulary_are_400_not_500(autojump_clock: M
 
 async def test_more_choices_than_the_engine_can_hold_are_429_at_once(autojump_clock: MockClock) -> None:
     async with running(max_num_seqs=4, max_waiting_queue_length=6) as sim:
-        huge = await post(sim, PATH, {"prompt": "hi", "n": 1_000_000_000, "max_tokens": 2})
+        # n within vLLM's VLLM_MAX_N_SEQUENCES (16384; beyond it a 400, tests/api/test_sampling_limits.py)
+        huge = await post(sim, PATH, {"prompt": "hi", "n": 16_384, "max_tokens": 2})
         prompts = await post(sim, PATH, {"prompt": ["a", "b", "c", "d"], "n": 3, "max_tokens": 2})
         fits = await post(sim, PATH, {"prompt": ["a", "b"], "n": 5, "max_tokens": 2})
         chat = await post(sim, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 11})
