@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import matplotlib.ticker
 
-__all__ = ["ceiling", "fidelity", "memory", "throughput"]
+__all__ = ["ceiling", "fidelity", "memory", "metrics", "throughput"]
 
 _MS_TICKS = (0, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000)
 
@@ -99,6 +99,31 @@ def ceiling(rows: Sequence[dict[str, Any]], path: Path) -> None:
     axis.bar_label(bars, [f"busy {r['client_busy']:.2f}" for r in rows])
     axis.set_ylabel("SSE events/s consumed")
     axis.set_title("load generator ceiling (against the blaster)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def metrics(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    """Per round: mean TTFT and ITL as the client measured them and as /metrics reports
+    them, and tokens/s, each with and without a scraper (hatched bars: scraping)."""
+    figure, axes = plt.subplots(1, 3, figsize=(13, 4.5))
+    labels = [f"r{r['round']}{' scrape' if r['scraping'] else ''}" for r in rows]
+    xs = range(len(rows))
+    for axis, metric, title in ((axes[0], "ttft", "TTFT mean (ms)"), (axes[1], "itl", "ITL mean (ms)")):
+        client = [_ms(r[f"{metric}_client_mean"]) for r in rows]
+        server = [_ms(r[f"{metric}_metrics_mean"]) for r in rows]
+        axis.bar([x - 0.2 for x in xs], client, 0.4, label="client")
+        axis.bar([x + 0.2 for x in xs], server, 0.4, label="/metrics histogram")
+        axis.set_title(title)
+        axis.set_xticks(list(xs), labels, rotation=45, ha="right")
+        axis.legend()
+    bars = axes[2].bar(list(xs), [r["tokens_per_second"] for r in rows], 0.6)
+    for bar, row in zip(bars, rows, strict=True):
+        if row["scraping"]:
+            bar.set_hatch("//")
+    axes[2].set_title("tokens/s (hatched: /metrics scraped 1/s)")
+    axes[2].set_xticks(list(xs), labels, rotation=45, ha="right")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)

@@ -28,6 +28,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks import plots
 from benchmarks.loadgen.runner import LoadSpec
 from benchmarks.report import environment, percent_error, print_table, ratio, write_json
 from benchmarks.scenarios import Options
@@ -186,6 +187,7 @@ def run(options: Options) -> dict[str, Any]:
         [(summary["throughput_ratio"], summary["ttft_p50_ratio"], summary["itl_p50_ratio"])],
     )
     write_json(options.results_dir, "metrics", payload)
+    plots.metrics(rows, options.results_dir / "metrics.png")
     return payload
 
 
