@@ -18,7 +18,7 @@ import attrs
 from benchmarks.scenarios import Options
 
 SCENARIOS = ("startup", "ceiling", "throughput", "fidelity", "memory")
-ON_REQUEST = ("compare", "metrics")
+ON_REQUEST = ("compare", "metrics", "embeddings")
 
 
 def main() -> None:

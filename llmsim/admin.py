@@ -27,9 +27,10 @@ from llmsim.engine.scheduler import Engine
 
 __all__ = ["ADMIN_KEYS", "LiveConfig", "go_duration"]
 
-#: The keys ``POST /admin/config`` may change: the latency model's and llm-d's control keys.
+#: The keys ``POST /admin/config`` may change: the latency model's and llm-d's control keys
+#: (llm-d's own: not llmsim's ``latency-profile``).
 ADMIN_KEYS = frozenset(
-    [setting.key for setting in SETTINGS.values() if setting.group == "latency"]
+    [setting.key for setting in SETTINGS.values() if setting.group == "latency" and setting.llmd_key]
     + ["failure-injection-rate", "failure-types", "fake-metrics"]
 )
 _FAKE_METRICS = "fake-metrics"

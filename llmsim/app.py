@@ -10,12 +10,15 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from llmsim.admin import LiveConfig
-from llmsim.api import admin, basic, chat, completions, messages, metrics, responses
+from llmsim.api import admin, basic, chat, completions, embeddings, messages, metrics, responses, tokenize
+from llmsim.api import generate as generate_api
+from llmsim.api import render as render_api
 from llmsim.api.admin import SleepState
 from llmsim.api.context import ApiContext
 from llmsim.api.responses.store import ResponseStore
 from llmsim.api.router import Api, Router
 from llmsim.config import Config, ConfigError
+from llmsim.engine.metric_buckets import parse_custom_buckets
 from llmsim.engine.metrics import EngineMetrics
 from llmsim.engine.scheduler import Engine
 from llmsim.model.text import TextGenerator
@@ -41,8 +44,14 @@ def build_engine(config: Config) -> Engine:
         config.engine,
         config.latency,
         rng=random.Random(config.model.seed),
-        metrics=EngineMetrics(config.model.max_model_len),
+        metrics=EngineMetrics(config.model.max_model_len, _custom_buckets(config)),
     )
+
+
+def _custom_buckets(config: Config) -> dict[str, tuple[float, ...]] | None:
+    """``--custom-histogram-buckets``, read (the Config checked it already)."""
+    text = config.control.custom_histogram_buckets
+    return None if text is None else parse_custom_buckets(text)
 
 
 def _tokenizer(path: str | None) -> Tokenizer:
@@ -62,7 +71,11 @@ def build_router() -> Router:
     completions.register(router)
     responses.register(router)
     messages.register(router)
+    render_api.register(router)
+    generate_api.register(router)
+    embeddings.register(router)
     admin.register(router)
+    tokenize.register(router)
     return router
 
 

@@ -31,6 +31,8 @@ from llmsim.config import (
     load_config,
     sections,
 )
+from llmsim.dataset_tool import build_dataset
+from llmsim.latency_profiles import PROFILE_NAMES
 from llmsim.logs import configure_logging
 from llmsim.server import serve
 
@@ -58,9 +60,9 @@ _CONFIG_HELP = "YAML file of kebab-case keys (also LLMSIM_CONFIG)"
 
 _EPILOG = """\
 durations: 100ms, 1.5s, 1m30s or a bare number of milliseconds.
-precedence: flags > environment > YAML file > defaults.  Every flag is also read
-from LLMSIM_<FLAG> (LLMSIM_TIME_TO_FIRST_TOKEN=100ms) and from the YAML key <flag>
-(time-to-first-token: 100ms); SIM_MODEL sets --model too.
+precedence: flags > environment > YAML file > --latency-profile > defaults.  Every
+flag is also read from LLMSIM_<FLAG> (LLMSIM_TIME_TO_FIRST_TOKEN=100ms) and from the
+YAML key <flag> (time-to-first-token: 100ms); SIM_MODEL sets --model too.
 """
 
 
@@ -93,6 +95,13 @@ def _flag(key: str) -> str:
     return "--" + key
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Flag help wrapped between words only, so that flag and profile names stay whole."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line, like every other start-up error."""
 
@@ -102,7 +111,17 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """``llmsim [--version] serve [flags]``."""
-    parser = _Parser(prog="llmsim", description="A vLLM-compatible LLM inference simulator.", allow_abbrev=False)
+    parser = _Parser(
+        prog="llmsim",
+        description="A vLLM-compatible LLM inference simulator.",
+        epilog=textwrap.fill(
+            "latency profiles (llmsim serve --latency-profile NAME): " + ", ".join(PROFILE_NAMES),
+            88,
+            break_on_hyphens=False,
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
     parser.add_argument("--version", action="version", version=f"llmsim {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     server = commands.add_parser(
@@ -110,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve vLLM's OpenAI-compatible API over HTTP/1.1 and HTTP/2",
         description="Serve vLLM's OpenAI-compatible API over HTTP/1.1 and HTTP/2.",
         epilog=_EPILOG + _ignored_epilog(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_HelpFormatter,
         allow_abbrev=False,
         argument_default=argparse.SUPPRESS,
     )
@@ -121,7 +140,25 @@ def build_parser() -> argparse.ArgumentParser:
     config = server.add_argument_group("configuration file")
     config.add_argument("--config", dest="config_path", metavar="PATH", help=_help_text(_CONFIG_HELP, "none"))
     _add_ignored_flags(server)
+    _add_dataset_command(commands)
     return parser
+
+
+def _add_dataset_command(commands: argparse._SubParsersAction[_Parser]) -> None:
+    """``llmsim dataset build SHAREGPT.json OUT.sqlite [--tokenizer PATH] [--table-name NAME]``."""
+    dataset = commands.add_parser("dataset", help="build a SQLite dataset for --dataset-path", allow_abbrev=False)
+    actions = dataset.add_subparsers(dest="dataset_action", metavar="ACTION", parser_class=_Parser, required=True)
+    build = actions.add_parser(
+        "build",
+        help="a dataset from a ShareGPT-style JSON file, offline",
+        description="Write the answers of a ShareGPT-style JSON file to a new SQLite file in "
+        "llm-d-inference-sim's format, tokenized as llmsim serve with the same --tokenizer tokenizes.",
+        allow_abbrev=False,
+    )
+    build.add_argument("source", metavar="SHAREGPT.json", help="[{conversations: [{from: human|gpt, value}]}]")
+    build.add_argument("output", metavar="OUT.sqlite", help="the new file (an existing one is not overwritten)")
+    build.add_argument("--tokenizer", metavar="PATH", help="a local HF tokenizer.json (default: the simulated one)")
+    build.add_argument("--table-name", default="llmd", metavar="NAME", help="the table (default: llmd)")
 
 
 def _add_setting_flag(group: argparse._ArgumentGroup, setting: Setting) -> None:
@@ -229,6 +266,8 @@ def main(argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.command is None:
         _fail("error: a command is required: llmsim serve [flags]")
+    if args.command == "dataset":
+        return _build_dataset(args)
     notes: list[str] = []
     try:
         config = config_from_args(args, environ, note=notes.append)
@@ -237,6 +276,15 @@ def main(argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None
     for note in notes:  # only once the configuration holds: an error stays one line
         _note(note)
     return _run(config)
+
+
+def _build_dataset(args: argparse.Namespace) -> int:
+    try:
+        rows = build_dataset(args.source, args.output, tokenizer=args.tokenizer, table=args.table_name)
+    except ValueError as exc:
+        _fail(f"dataset build: {exc}")
+    _say(f"llmsim: wrote {rows} rows to {args.output} (table {args.table_name})")
+    return 0
 
 
 #: gc.set_threshold for `llmsim serve` (embedded servers leave the host process's GC alone).

@@ -4,8 +4,10 @@
 arguments are flat (``Config(port=0, time_to_first_token=0.05)``) and each goes to its
 group.  Sources, highest first: command-line flags, environment (``LLMSIM_<KEY>`` with
 the kebab-case key upper-cased and ``-`` turned into ``_``; ``SIM_MODEL`` too, as in
-llm-d-inference-sim), a YAML file (``--config`` or ``LLMSIM_CONFIG``), defaults.  Keys
-are the kebab-case names of llm-d-inference-sim.
+llm-d-inference-sim), a YAML file (``--config`` or ``LLMSIM_CONFIG``), the latency
+profile one of them names (``latency-profile``, :mod:`llmsim.latency_profiles`: it fills
+only the keys no source gave, in ``Config.__init__``), defaults.  Keys are the kebab-case
+names of llm-d-inference-sim.
 
 Every value goes through one lenient cattrs converter (:data:`converter`).  Text (flags,
 environment) and YAML values are read the same way: durations ``100ms``, ``1.5s``, Go's
@@ -29,6 +31,8 @@ import orjson
 import yaml
 
 from llmsim.engine.fake_metrics import FakeMetrics
+from llmsim.engine.metric_buckets import parse_custom_buckets
+from llmsim.latency_profiles import LATENCY_PROFILES
 from llmsim.options import (
     ConfigError,
     ControlOptions,
@@ -293,28 +297,53 @@ class Config:
                     f"Config takes flat settings, not the option group {type(value).__name__} ({key}=...); "
                     "derive a changed copy with config.replace(...) rather than attrs.evolve"
                 )
-        values = dict(_read_item(key, value, text=False, origin=None) for key, value in settings.items())
+        given = _with_profile(settings)
+        values = dict(_read_item(key, value, text=False, origin=None) for key, value in given.items())
         self.__attrs_init__(**_groups(values))
-        _check_fake_metrics(self)
+        _check_metrics_options(self)
 
     def settings(self) -> dict[str, object]:
         """Every setting's value by keyword: ``Config(**config.settings()) == config``."""
         return {name: getattr(getattr(self, setting.group), setting.field.name) for name, setting in SETTINGS.items()}
 
     def replace(self, **settings: object) -> Config:
-        """A copy with some settings changed, given as ``Config`` takes them."""
-        return Config(**{**self.settings(), **settings})
+        """A copy with some settings changed, given as ``Config`` takes them (a new
+        ``latency_profile`` replaces the current values of its keys)."""
+        return Config(**_changed(self.settings(), settings))
 
 
-def _check_fake_metrics(config: Config) -> None:
-    """``--fake-metrics`` must say something ``/metrics`` can show: its keys and values are
-    checked once, here, rather than at the first scrape."""
-    text = config.control.fake_metrics
-    if text is not None:
-        try:
-            FakeMetrics.from_json(text, max_model_len=config.model.max_model_len)
-        except ValueError as exc:
-            raise ConfigError("fake-metrics", str(exc)) from None
+def _with_profile(settings: Mapping[str, object]) -> dict[str, object]:
+    """``settings`` over the values of the latency profile they name, if any: a profile
+    fills only the settings no source gave."""
+    name = settings.get("latency_profile")
+    if not name or not isinstance(name, str) or name not in LATENCY_PROFILES:
+        return dict(settings)  # no profile, or one the option's own check refuses
+    return {**{key.replace("-", "_"): value for key, value in LATENCY_PROFILES[name].items()}, **settings}
+
+
+def _changed(current: Mapping[str, object], changes: Mapping[str, object]) -> dict[str, object]:
+    """Every current setting with ``changes`` laid over it; a change of latency profile
+    first lays the new profile over the current values."""
+    profile = changes.get("latency_profile", current.get("latency_profile"))
+    if profile != current.get("latency_profile"):
+        current = {**current, **_with_profile({"latency_profile": profile})}
+    return {**current, **changes}
+
+
+def _check_metrics_options(config: Config) -> None:
+    """``--fake-metrics`` and ``--custom-histogram-buckets`` must say something
+    ``/metrics`` can show: they are checked once, here, rather than at the first scrape."""
+    control = config.control
+    try:
+        if control.fake_metrics is not None:
+            FakeMetrics.from_json(control.fake_metrics, max_model_len=config.model.max_model_len)
+    except ValueError as exc:
+        raise ConfigError("fake-metrics", str(exc)) from None
+    try:
+        if control.custom_histogram_buckets is not None:
+            parse_custom_buckets(control.custom_histogram_buckets)
+    except ValueError as exc:
+        raise ConfigError("custom-histogram-buckets", str(exc)) from None
 
 
 def _type_of(attribute: attrs.Attribute[Any]) -> Any:
@@ -419,12 +448,7 @@ _LLMD_NOT_YET: dict[str, str] = {
     "data-parallel-rank": "value",
     "enable-request-id-headers": "switch",
     "log-http": "switch",
-    "default-embedding-dimensions": "value",
     "skip-tool-validation": "switch",
-    "dataset-path": "value",
-    "dataset-url": "value",
-    "dataset-in-memory": "switch",
-    "dataset-table-name": "value",
     "mm-encoder-only": "switch",
     "omni": "switch",
     "image-emission-rate": "value",
@@ -455,9 +479,8 @@ IGNORED_KEYS: Mapping[str, IgnoredKey] = {
 
 def config_from_mapping(values: Mapping[str, object], *, base: Config | None = None) -> Config:
     """Build a Config from YAML-like values under kebab- or snake-case keys, over ``base``."""
-    settings = base.settings() if base is not None else {}
-    settings.update(_read_item(key, value, text=True, origin=None) for key, value in values.items())
-    return Config(**settings)
+    changes = dict(_read_item(key, value, text=True, origin=None) for key, value in values.items())
+    return Config(**_changed(base.settings(), changes) if base is not None else changes)
 
 
 def _environment_items(environ: Mapping[str, str]) -> list[tuple[str, str, str]]:
@@ -524,7 +547,8 @@ def load_config(
     config_path: str | None = None,
     note: Callable[[str], None] = _ignore,
 ) -> Config:
-    """Flags > environment > YAML file > defaults, the way ``llmsim serve`` builds its Config.
+    """Flags > environment > YAML file > latency profile > defaults, the way ``llmsim serve``
+    builds its Config.
 
     The sources are merged key by key before the Config is built, so that rules across
     keys (a std-dev at most 30% of its mean) judge the final values, wherever each came

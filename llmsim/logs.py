@@ -19,7 +19,7 @@ import trio
 from llmsim import __version__
 from llmsim.api import request_log
 from llmsim.config import SETTINGS, Config
-from llmsim.engine.scheduler import EngineStatistics
+from llmsim.engine.statistics import EngineStatistics
 
 __all__ = [
     "DATE_FORMAT",

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, NewType
 
 import attrs
 
+from llmsim.latency_profiles import PROFILE_NAMES
+
 __all__ = [
     "DEFAULT_MODEL",
     "FAILURE_TYPES",
@@ -186,6 +188,11 @@ def _log_level(instance: object, attribute: attrs.Attribute[Any], value: str) ->
         raise ConfigError(option_key(attribute), f"must be one of {', '.join(LOG_LEVELS)} (any case), got {value!r}")
 
 
+def _latency_profile(instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    if value and value not in PROFILE_NAMES:
+        raise ConfigError(option_key(attribute), f"unknown profile {value!r}; choose from {', '.join(PROFILE_NAMES)}")
+
+
 def _port(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
     if not 0 <= value <= 65535:
         raise ConfigError(option_key(attribute), f"must be in 0..65535, got {value}")
@@ -260,7 +267,14 @@ class ModelOptions:
         metavar="PATH",
         shown_default="the built-in simulated tokenizer",
         llmd=False,
-        help="a local HF tokenizer.json, or a directory holding one; never fetched from the network",
+        help="a local HF tokenizer.json, or a directory holding one (and the chat template beside it); "
+        "never fetched from the network",
+    )
+    default_embedding_dimensions: int = option(
+        384,
+        metavar="N",
+        validator=_positive,
+        help="/v1/embeddings: the model's embedding size (a vector's length without `dimensions`, and its maximum)",
     )
 
     vllm_version: str = option(
@@ -274,15 +288,39 @@ class ModelOptions:
         llmd=False,
         help="usage.prompt_tokens_details ({cached_tokens, ...}), as vLLM's flag; null without it",
     )
+    dataset_path: str | None = option(
+        None,
+        metavar="PATH",
+        shown_default="unset: corpus text",
+        help="answers from a SQLite dataset in llm-d-inference-sim's format (llmsim dataset build makes one)",
+    )
+    dataset_url: str | None = option(
+        None,
+        metavar="URL",
+        shown_default="unset",
+        help="where to download the dataset from when --dataset-path does not exist yet",
+    )
+    dataset_in_memory: bool = option(False, help="copy the whole dataset into memory at start-up")
+    dataset_table_name: str = option("llmd", metavar="NAME", help="the dataset's table")
     enable_responses_store: bool = option(
         True,
         llmd=False,
         help="keep /v1/responses responses for GET and previous_response_id (vLLM: VLLM_ENABLE_RESPONSES_API_STORE=1)",
     )
+    enable_scale_out: bool = option(
+        True,
+        llmd=False,
+        help="serve the */render endpoints and POST /inference/v1/generate (llm-d serves them always; "
+        "vLLM only with --enable-scale-out, else 403)",
+    )
 
     def __attrs_post_init__(self) -> None:
         if not all(self.served_model_name):
             raise ConfigError("served-model-name", "names must not be empty")
+        if self.dataset_url is not None and self.dataset_path is None:  # llm-d: pkg/common/config.go:633-639
+            raise ConfigError("dataset-url", "dataset-path is required when dataset-url is set")
+        if self.mode == "echo" and self.dataset_path is not None:
+            raise ConfigError("dataset-path", "a dataset cannot be used in echo mode")
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -354,6 +392,15 @@ MAX_STD_DEV_FRACTION = 0.3
 class LatencyOptions:
     """llm-d-inference-sim's latency model: TTFT calculators, inter-token latency, jitter, load."""
 
+    latency_profile: str = option(
+        "",
+        metavar="NAME",
+        shown_default="none",
+        llmd=False,
+        validator=_latency_profile,
+        help="preset latency values (and max-num-seqs) of llm-d-inference-sim's manifests/latency-profiles, "
+        "under every explicit setting: " + ", ".join(PROFILE_NAMES),
+    )
     latency_calculator: str = option(
         "",
         choices=("", "constant", "per-token"),
@@ -541,6 +588,13 @@ class ControlOptions:
     )
     fake_metrics_refresh_interval: float = option(
         0.1, duration=True, validator=_positive, help="how often time-varying fake metrics are recomputed"
+    )
+    custom_histogram_buckets: JsonObjectText | None = option(  # noqa: RUF009 (as fake_metrics)
+        None,
+        metavar="JSON",
+        shown_default="vLLM's buckets",
+        llmd=False,
+        help="vLLM's: {family: [bounds]} replacing a histogram family's buckets on /metrics",
     )
     enable_sleep_mode: bool = option(False, help="serve POST /sleep, POST /wake_up and GET /is_sleeping")
     api_key: tuple[str, ...] = option(

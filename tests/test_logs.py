@@ -14,7 +14,7 @@ import trio
 import trio.testing
 
 from llmsim.config import Config
-from llmsim.engine.scheduler import EngineStatistics
+from llmsim.engine.statistics import EngineStatistics
 from llmsim.logs import (
     STATS_INTERVAL,
     LogFormatter,

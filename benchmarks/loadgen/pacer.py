@@ -37,7 +37,7 @@ __all__ = ["GRID", "Output", "Pace", "Pacer", "grid_interval"]
 #: actually used divides the ITL (see :func:`grid_interval`).
 GRID = 0.002
 #: A deadline this close below a grid time (in grid intervals) belongs to it: float sums
-#: of the ITL land a hair off the grid (llmsim's ``_GRID_TOLERANCE``).
+#: of the ITL land a hair off the grid (llmsim's ``GRID_TOLERANCE``).
 _GRID_TOLERANCE = 1e-6
 
 

@@ -148,6 +148,7 @@ def build_jobs(plan: GenerationPlan, sink: JobSink) -> list[Job]:
                 index=index,
                 request_id=plan.request_id,
                 max_tokens=prompt.output_cap,
+                remote_prefill=prompt.remote_prefill,
                 group=group,
             )
         )

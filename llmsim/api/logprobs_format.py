@@ -16,7 +16,12 @@ response for all of them, and both get the same numbers.  Each choice has its ow
 
 A plan's EOS token has an empty piece (the text leaves it out) but a logprob entry
 like any sampled token, named by the string of its id as vLLM decodes it
-(``<|im_end|>``; vllm/v1/engine/logprobs.py, ``convert_ids_list_to_tokens``).
+(``<|im_end|>``; vllm/v1/engine/logprobs.py, ``convert_ids_list_to_tokens``).  Every
+entry names its whole token even where a stream's text lags it (held back for a stop
+string) or a stop cut it (``texts``: the plans' :attr:`~llmsim.api.plan.TurnPlan.token_texts`;
+vLLM decodes the token id, vllm/entrypoints/generate/base/serving.py:302-319), and
+completions' ``text_offset`` advances by those tokens, not by the text sent
+(vllm/entrypoints/openai/completion/serving.py:413-418).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from collections.abc import Sequence
 import attrs
 import orjson
 
-from llmsim.engine.job import Job
+from llmsim.engine.job import Job, JobState
 from llmsim.model.logprobs import TokenLogprob, synthesize_logprobs, token_bytes
 from llmsim.model.text import EosToken
 
@@ -39,9 +44,10 @@ def choice_seed(seed: int | None, request_id: str, index: int) -> int:
     return zlib.crc32(f"{seed}:{request_id}:{index}".encode())
 
 
-def _tokens(job: Job, start: int, stop: int, eos: EosToken | None) -> list[str]:
-    """The token strings of ``job.output[start:stop]``: its pieces, the EOS by its name."""
-    tokens = list(job.output[start:stop])
+def _tokens(job: Job, start: int, stop: int, eos: EosToken | None, texts: Sequence[Sequence[str]] | None) -> list[str]:
+    """The token strings of ``job.output[start:stop]``: each token's own text (its piece
+    unless ``texts`` says otherwise for its choice), the EOS by its name."""
+    tokens = list((job.output if texts is None else texts[job.index])[start:stop])
     if eos is not None:
         ids = job.output_token_ids
         for k in range(len(tokens)):
@@ -53,17 +59,24 @@ def _tokens(job: Job, start: int, stop: int, eos: EosToken | None) -> list[str]:
 
 class ChatLogprobs:
     """Chat's ``logprobs`` objects for the choices of one request (``eos``: the token
-    the choices' plans end with)."""
+    the choices' plans end with; ``texts``: per choice, its tokens' own texts)."""
 
-    def __init__(self, top_logprobs: int, seeds: Sequence[int], eos: EosToken | None = None) -> None:
+    def __init__(
+        self,
+        top_logprobs: int,
+        seeds: Sequence[int],
+        eos: EosToken | None = None,
+        texts: Sequence[Sequence[str]] | None = None,
+    ) -> None:
         self._top = top_logprobs
         self._seeds = seeds
         self._eos = eos
+        self._texts = texts
 
     def token_bytes(self, job: Job, position: int) -> bytes:
         """``{"content":[<entry>]}`` for output token ``position`` of ``job`` (a stream chunk)."""
         (value,) = synthesize_logprobs(
-            _tokens(job, position, position + 1, self._eos),
+            _tokens(job, position, position + 1, self._eos, self._texts),
             top_n=self._top,
             position_offset=position,
             seed=self._seeds[job.index],
@@ -72,9 +85,15 @@ class ChatLogprobs:
 
     def of(self, job: Job) -> dict[str, object]:
         """The whole choice's ``logprobs`` object (the complete response)."""
-        tokens = _tokens(job, 0, len(job.output), self._eos)
+        tokens = _tokens(job, 0, _output_length(job), self._eos, self._texts)
         values = synthesize_logprobs(tokens, top_n=self._top, seed=self._seeds[job.index])
         return {"content": [_chat_entry(value) for value in values]}
+
+
+def _output_length(job: Job) -> int:
+    """The tokens a complete response shows: a finished job's emitted ones (fewer than
+    planned when an abort ended it), else the whole plan."""
+    return job.emitted if job.state is JobState.FINISHED else len(job.output)
 
 
 def _chat_entry(value: TokenLogprob) -> dict[str, object]:
@@ -101,7 +120,7 @@ class CompletionLogprobs:
 
     ``prompts`` (with ``echo``) are the request's prompts; choice ``i`` answers prompt
     ``i // choices_per_prompt``, and its choices share the prompt's logprobs.  ``eos``
-    is the token the choices' plans end with.
+    is the token the choices' plans end with; ``texts`` per choice its tokens' own texts.
     """
 
     def __init__(
@@ -112,10 +131,12 @@ class CompletionLogprobs:
         choices_per_prompt: int,
         prompts: Sequence[EchoedPrompt] | None = None,
         eos: EosToken | None = None,
+        texts: Sequence[Sequence[str]] | None = None,
     ) -> None:
         self._top = max(logprobs, 1)  # the sampled token is always listed
         self._seeds = seeds
         self._eos = eos
+        self._texts = texts
         self._choices_per_prompt = choices_per_prompt
         self._prompts = None if prompts is None else [self._prompt_values(prompt) for prompt in prompts]
         self._offsets = [0] * len(seeds)  # per choice: the text length streamed so far
@@ -135,10 +156,10 @@ class CompletionLogprobs:
     def of(self, job: Job, *, with_output: bool = True) -> dict[str, object]:
         """The whole choice's ``logprobs`` object (the complete response); without its
         output, the echoed prompt's alone (``echo`` with ``max_tokens: 0``)."""
-        return self._object(*self._tokens(job, 0, len(job.output) if with_output else 0), 0)
+        return self._object(*self._tokens(job, 0, _output_length(job) if with_output else 0), 0)
 
     def _tokens(self, job: Job, start: int, stop: int) -> tuple[list[str], list[TokenLogprob | None]]:
-        tokens = _tokens(job, start, stop, self._eos)
+        tokens = _tokens(job, start, stop, self._eos, self._texts)
         values: list[TokenLogprob | None] = list(
             synthesize_logprobs(tokens, top_n=self._top, position_offset=start, seed=self._seeds[job.index])
         )

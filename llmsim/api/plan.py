@@ -13,10 +13,11 @@ RNG, so a request is reproducible under ``--seed``; tool-call arguments and
 schema.  The request's output cap (clamped to the context window) cuts any plan short,
 with finish reason ``length``.
 
-On chat and completions a turn the model ends itself ends as in vLLM, with its EOS
-token (:func:`with_eos`): one more piece, of empty text, after the last text token.
-The engine paces it like any token, so its chunk (empty text, the finish reason) goes
-out one inter-token latency after the last text; usage counts it; the text leaves it
+On every endpoint a turn the model ends itself ends as in vLLM, with its EOS token
+(:func:`with_eos`): one more piece, of empty text, after the last text token.  The
+engine paces it like any token, so its chunk (empty text, the finish reason) goes out
+one inter-token latency after the last text (/v1/responses and /v1/messages send no
+event for it: their closing events go out then); usage counts it; the text leaves it
 out.
 
 A request's ``stop`` strings and ``stop_token_ids`` (:class:`StopRule`) cut a text turn
@@ -24,7 +25,8 @@ where vLLM's detokenizer would stop it (:func:`finish_turn`): at the token that
 completes the first stop string, or at a stop token, with finish reason ``stop`` and
 the matched string or id as ``stop_reason``; that token counts, no EOS follows.  On a
 stream the text is then spread over the tokens as vLLM streams it, each chunk holding
-back the characters that could begin a stop string.
+back the characters that could begin a stop string; the turn keeps each token's own
+text (:attr:`TurnPlan.token_texts`) for the logprobs, which name whole tokens.
 
 Structured output (chat's ``response_format`` and vLLM's ``structured_outputs``,
 ``text.format`` on /v1/responses) is a :class:`StructuredOutput`: :func:`plan_structured`
@@ -46,6 +48,7 @@ from llmsim.api.context import ApiContext
 from llmsim.api.errors import ApiError
 from llmsim.api.request_fields import GenerationParams
 from llmsim.api.tool_support import planning_errors
+from llmsim.engine.job import Job
 from llmsim.model.text import FinishReason
 from llmsim.model.tools import CompiledSchema, arguments_json
 from llmsim.schema.regex import StringPattern
@@ -59,8 +62,8 @@ __all__ = [
     "StopRule",
     "StructuredOutput",
     "TurnPlan",
+    "as_emitted",
     "check_min_tokens",
-    "cut_at_stop",
     "finish_turn",
     "hold_back",
     "output_cap",
@@ -70,6 +73,7 @@ __all__ = [
     "plan_text",
     "plan_text_choices",
     "plan_tool_calls",
+    "stop_reason_of_job",
     "stop_rule",
     "stop_turn",
     "with_eos",
@@ -105,6 +109,9 @@ class TurnPlan:
     finish_reason: str  # "stop", "length" or "tool_calls"
     blocks: tuple[Block, ...]
     stop_reason: str | int | None = None  # the stop string or stop token id that ended the turn
+    #: each token's own text where the pieces (what a stream sends per token) differ from
+    #: it: text held back or cut at a stop (:func:`hold_back`, :func:`stop_turn`)
+    whole_tokens: tuple[str, ...] | None = None
 
     @token_ids.validator
     def _one_id_per_piece(self, _: attrs.Attribute[tuple[int, ...]], token_ids: tuple[int, ...]) -> None:
@@ -114,6 +121,18 @@ class TurnPlan:
     @property
     def truncated(self) -> bool:
         return self.finish_reason == FinishReason.LENGTH
+
+    @property
+    def token_texts(self) -> tuple[str, ...]:
+        """Each token's own text, as logprobs name it (vLLM decodes the token id, not the
+        streamed text: vllm/entrypoints/generate/base/serving.py:302-319)."""
+        return self.pieces if self.whole_tokens is None else self.whole_tokens
+
+    @property
+    def ends_with_eos(self) -> bool:
+        """Whether the turn's last piece is its EOS token (:func:`with_eos`), which lies
+        after its blocks."""
+        return bool(self.blocks) and len(self.pieces) > self.blocks[-1].stop
 
     @property
     def tool_calls(self) -> tuple[Block, ...]:
@@ -130,6 +149,7 @@ class PromptPlan:
 
     token_ids: Sequence[int]
     output_cap: int  # the most tokens an answer may have: the request's cap within the context window
+    remote_prefill: bool = False  # P/D decode side (kv_transfer_params.do_remote_prefill): TTFT is the KV transfer
 
 
 @attrs.frozen
@@ -194,7 +214,8 @@ def with_eos(ctx: ApiContext, turn: TurnPlan, cap: int) -> TurnPlan:
     if len(turn.pieces) >= cap:
         return attrs.evolve(turn, finish_reason=FinishReason.LENGTH)
     eos = ctx.text.eos
-    return TurnPlan((*turn.pieces, ""), (*turn.token_ids, eos.token_id), turn.finish_reason, turn.blocks)
+    whole = None if turn.whole_tokens is None else (*turn.whole_tokens, "")
+    return attrs.evolve(turn, pieces=(*turn.pieces, ""), token_ids=(*turn.token_ids, eos.token_id), whole_tokens=whole)
 
 
 @attrs.frozen
@@ -202,10 +223,9 @@ class StopRule:
     """What ends a text turn besides its EOS and its cap: vLLM's ``stop`` strings and
     ``stop_token_ids``, looked for from token ``min_tokens`` on, and whether the
     matched string stays in the text (``include_stop_str_in_output``).  ``streaming``:
-    the turn goes out as a stream, whose chunks hold back the end of the text.
-
-    A stream with logprobs does not hold text back: its logprobs name each token by
-    its piece, so the pieces stay whole tokens (vLLM's chunks would lag the tokens)."""
+    the turn goes out as a stream, whose chunks hold back the end of the text (with
+    logprobs too: their entries name each whole token, :attr:`TurnPlan.token_texts`,
+    while the text lags, as vLLM's do)."""
 
     strings: tuple[str, ...] = ()
     token_ids: frozenset[int] = frozenset()
@@ -231,7 +251,7 @@ def stop_rule(request: GenerationParams) -> StopRule | None:
         frozenset(request.stop_token_ids or ()),
         bool(request.include_stop_str_in_output),
         request.min_tokens or 0,
-        request.streaming and not request.logprobs_requested,
+        request.streaming,
     )
 
 
@@ -296,7 +316,8 @@ def _stopped(turn: TurnPlan, text: str, ends: list[int], reason: str | int, held
     stopped, ``ends`` the uncut text's length after each token)."""
     kept = len(ends)
     pieces = _spread(text, ends, held_back)
-    return TurnPlan(pieces, turn.token_ids[:kept], FinishReason.STOP, _text_blocks(kept), reason)
+    whole = turn.token_texts[:kept]
+    return TurnPlan(pieces, turn.token_ids[:kept], FinishReason.STOP, _text_blocks(kept), reason, whole)
 
 
 def hold_back(turn: TurnPlan, held_back: int) -> TurnPlan:
@@ -305,7 +326,7 @@ def hold_back(turn: TurnPlan, held_back: int) -> TurnPlan:
     if not held_back or turn.tool_calls or not turn.pieces:
         return turn
     ends = list(itertools.accumulate(map(len, turn.pieces)))
-    return attrs.evolve(turn, pieces=_spread("".join(turn.pieces), ends, held_back))
+    return attrs.evolve(turn, pieces=_spread("".join(turn.pieces), ends, held_back), whole_tokens=turn.token_texts)
 
 
 def _spread(text: str, ends: list[int], held_back: int) -> tuple[str, ...]:
@@ -338,8 +359,10 @@ def plan_text(
     ignore_eos: bool,
     echo_text: str,
     min_tokens: int = 0,
+    prompt_ids: Sequence[int] = (),
 ) -> TurnPlan:
-    """A text turn from the text generator (its length rules, its finish reason)."""
+    """A text turn from the text generator (its length rules, its finish reason;
+    ``prompt_ids`` pick the answer in dataset mode)."""
     text = ctx.text.generate(
         rng,
         max_tokens=max_tokens,
@@ -347,6 +370,7 @@ def plan_text(
         prompt_tokens=prompt_tokens,
         echo_text=echo_text,
         min_tokens=min_tokens,
+        prompt_ids=prompt_ids,
     )
     return TurnPlan(text.pieces, text.token_ids, text.finish_reason, _text_blocks(len(text.pieces)))
 
@@ -362,6 +386,7 @@ def plan_answer(
     ignore_eos: bool,
     echo_text: str,
     min_tokens: int,
+    prompt_ids: Sequence[int] = (),
 ) -> TurnPlan:
     """A choice's answer in text: constrained by ``structured`` when the request asks for
     structured output, else free text (with its length rules and ``min_tokens``)."""
@@ -377,6 +402,7 @@ def plan_answer(
         ignore_eos=ignore_eos,
         echo_text=echo_text,
         min_tokens=min_tokens,
+        prompt_ids=prompt_ids,
     )
 
 
@@ -391,11 +417,13 @@ def plan_text_choices(
     min_tokens: int = 0,
     structured: StructuredOutput | None = None,
     stop: StopRule | None = None,
+    prompt_ids: Sequence[Sequence[int]] = (),
 ) -> list[TurnPlan]:
     """Text for every choice of a chat or completions request, in choice-index order:
     ``choices_per_prompt`` answers to each ``(prompt_tokens, echo_text)``, choice ``i``
     from its own RNG, each cut at a stop string or ended by its EOS token when the model
-    stops it (:func:`finish_turn`)."""
+    stops it (:func:`finish_turn`).  ``prompt_ids``: each prompt's token ids, which pick
+    its answers in dataset mode."""
     turns = []
     for prompt_index, (prompt_tokens, echo_text) in enumerate(prompts):
         cap = output_cap(ctx, prompt_tokens, max_tokens)
@@ -414,6 +442,7 @@ def plan_text_choices(
                 ignore_eos=ignore_eos,
                 echo_text=echo_text,
                 min_tokens=min_tokens,
+                prompt_ids=prompt_ids[prompt_index] if prompt_ids else (),
             )
             turns.append(finish_turn(ctx, turn, cap, stop))
     return turns
@@ -476,25 +505,28 @@ def plan_tool_calls(ctx: ApiContext, calls: Sequence[tuple[str, str, str]], cap:
     return TurnPlan(tuple(pieces[:cap]), tuple(ids[:cap]), FinishReason.LENGTH, kept)
 
 
-def cut_at_stop(plan: TurnPlan, sequences: Sequence[str]) -> tuple[TurnPlan, str | None]:
-    """A text turn cut before the first stop sequence it contains (the sequence itself
-    is not output), and that sequence; the plan unchanged and None when none occurs."""
-    if not sequences or len(plan.blocks) != 1 or plan.blocks[0].kind != TEXT:
-        return plan, None
-    text = "".join(plan.pieces)
-    found = [(at, -len(seq), seq) for seq in sequences if seq and (at := text.find(seq)) >= 0]
-    if not found:
-        return plan, None
-    cut, _, sequence = min(found)
-    pieces: list[str] = []
-    length = 0
-    for piece in plan.pieces:
-        if length >= cut:
-            break
-        pieces.append(piece[: cut - length])
-        length += len(piece)
-    kept = len(pieces)
-    return TurnPlan(tuple(pieces), plan.token_ids[:kept], FinishReason.STOP, _text_blocks(kept)), sequence
+def as_emitted(turn: TurnPlan, emitted: int, finish_reason: str) -> TurnPlan:
+    """``turn`` as far as its job got: ``turn`` itself, unless the engine ended the job
+    early (sleep ``mode=abort``, :mod:`llmsim.engine.pause`); then its first ``emitted``
+    pieces, finished with ``finish_reason`` and no stop reason (a non-streaming body
+    shows what was generated until the abort).  The first block stays, maybe empty."""
+    if finish_reason != FinishReason.ABORT:
+        return turn
+    kept = tuple(attrs.evolve(b, stop=min(b.stop, emitted)) for b in turn.blocks if b.start < emitted)
+    whole = None if turn.whole_tokens is None else turn.whole_tokens[:emitted]
+    return TurnPlan(
+        turn.pieces[:emitted],
+        turn.token_ids[:emitted],
+        finish_reason,
+        kept or tuple(attrs.evolve(b, stop=b.start) for b in turn.blocks[:1]),
+        whole_tokens=whole,
+    )
+
+
+def stop_reason_of_job(job: Job, stop_reasons: Sequence[str | int | None]) -> str | int | None:
+    """The stop string or token id that ended ``job``'s choice: none when an abort ended
+    it first (vLLM's abort output carries none, vllm/v1/engine/core.py:2246-2257)."""
+    return None if job.finish_reason == FinishReason.ABORT else stop_reasons[job.index]
 
 
 def _split(ctx: ApiContext, text: str) -> tuple[tuple[str, ...], tuple[int, ...]]:

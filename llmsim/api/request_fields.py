@@ -3,11 +3,16 @@
 Structured from JSON by :mod:`llmsim.api.structure` (strict types, unknown fields
 ignored): the four prompt forms (/v1/completions now; embeddings and tokenize take
 them too), media URLs and input audio (chat's content parts, responses' input parts),
-and :class:`GenerationParams`, the fields chat and completions share, with
-:func:`check_generation_params`, their rules about values rather than types, which
-are vLLM's ``SamplingParams`` rules and texts (:func:`check_sampling_fields`, also used
-by /v1/responses).  Field defaults follow vLLM's pydantic models: a
-field sent as ``null`` counts as not set.
+and :class:`GenerationParams`, the fields chat and completions share.  Their rules
+come in vLLM's order: :func:`check_generation_params` the ones pydantic applies as it
+reads the body (before anything else), :func:`check_sampling_params` vLLM's
+``SamplingParams`` rules and texts (:func:`check_sampling_fields`, also used by
+/v1/responses), which vLLM applies only once the model (404), the admission check (503)
+and the prompt (its length against the context window) passed, as it builds the
+sampling params from the clamped output cap (``to_sampling_params``,
+vllm/entrypoints/openai/chat_completion/serving.py:314-380,
+completion/serving.py:107-176).  Field defaults follow vLLM's pydantic models: a field
+sent as ``null`` counts as not set.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ __all__ = [
     "check_generation_params",
     "check_n_limit",
     "check_sampling_fields",
+    "check_sampling_params",
     "token_id_refusal",
 ]
 
@@ -140,16 +146,25 @@ class GenerationParams(SamplingFields):
 
 
 def check_generation_params(request: GenerationParams) -> None:
-    """Value rules shared by chat and completions; ApiError 400 on the first broken one."""
+    """The value rules pydantic applies to chat and completions bodies as it reads them
+    (model validators, field bounds); ApiError 400 on the first broken one."""
     if request.stream_options not in (None, StreamOptions()) and not request.streaming:
         # vllm/entrypoints/openai/chat_completion/protocol.py:858-868 (a model validator, so first);
         # vLLM tests the dict's truth, so an empty `stream_options: {}` passes
         message = "Stream options can only be defined when `stream=True`."
         raise validation_error(message, parameter="stream_options")
     _check_seed_range(request.seed)
-    # completions' echo with max_tokens 0 asks vLLM for one token (completion/protocol.py:393)
-    max_tokens = 1 if request.echo_without_generation else request.requested_max_tokens
-    check_sampling_fields(request, n=request.choices_per_prompt, max_tokens=max_tokens)
+
+
+def check_sampling_params(request: GenerationParams, max_tokens: int) -> None:
+    """``SamplingParams``' rules for a chat or completions request whose model, admission
+    and prompt passed, ``max_tokens`` the output cap clamped to the room the prompt
+    leaves (vLLM's ``get_max_tokens``, vllm/entrypoints/serve/utils/api_utils.py:234-270;
+    completions' ``echo`` with ``max_tokens: 0`` asks for one token,
+    completion/protocol.py:393)."""
+    check_sampling_fields(
+        request, n=request.choices_per_prompt, max_tokens=max_tokens, min_tokens=request.min_tokens or 0
+    )
 
 
 #: The bounds of ``seed`` (``Field(None, ge=_INT64_MIN, le=_INT64_MAX)``,
@@ -196,11 +211,14 @@ def check_n_limit(n: int) -> None:
 _SAMPLING_EPS = 1e-5
 
 
-def check_sampling_fields(request: SamplingFields, *, n: int = 1, max_tokens: int | None = None) -> None:
+def check_sampling_fields(
+    request: SamplingFields, *, n: int = 1, max_tokens: int | None = None, min_tokens: int = 0
+) -> None:
     """``SamplingParams._verify_args`` (vllm/sampling_params.py:635-735, 770-774), in its
     order and with its texts; the `` (parameter=…, value=…)`` suffix only where vLLM
     names the parameter.  ``n`` and ``max_tokens`` come from whichever request field
-    the endpoint takes them from; ``max_tokens`` is named so whatever that field is."""
+    the endpoint takes them from; ``max_tokens`` is named so whatever that field is, and
+    ``min_tokens`` is checked against it (vLLM names the clamped cap there)."""
     _check_logit_bias_keys(request.logit_bias)
     if n < 1:  # _verify_num_sequences, sampling_params.py:49-55 (no parameter)
         raise validation_error(f"n must be at least 1, got {n}.")
@@ -237,6 +255,10 @@ def check_sampling_fields(request: SamplingFields, *, n: int = 1, max_tokens: in
     if max_tokens is not None and max_tokens < 1:  # sampling_params.py:691-696
         message = f"max_tokens must be at least 1, got {max_tokens}."
         raise validation_error(message, parameter="max_tokens", value=max_tokens)
+    if min_tokens < 0:  # sampling_params.py:697-705
+        raise validation_error(f"min_tokens must be greater than or equal to 0, got {min_tokens}.")
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise validation_error(f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}.")
     stops = (request.stop,) if isinstance(request.stop, str) else request.stop or ()
     if any(not stop for stop in stops):  # sampling_params.py:737-739
         raise validation_error("stop cannot contain an empty string.")

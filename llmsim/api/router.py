@@ -1,9 +1,12 @@
 """Method + path -> handler, and the Application that answers every request.
 
 Paths are exact (``/v1/models``) or carry ``{name}`` segments
-(``/v1/responses/{response_id}``).  An unknown path is 404, a known path with another
-method 405 with an ``Allow`` header, both in the error envelope of the route family
-(Anthropic's for ``/v1/messages``, vLLM's elsewhere).
+(``/v1/responses/{response_id}``).  A request goes to the exact route of its path if it
+has the method, else to the first pattern that matches with the method (so
+``POST /v1/responses/render`` is the render endpoint and ``GET /v1/responses/render``
+asks for a stored response, as in vLLM's Starlette app).  An unknown path is 404, a known
+path with another method 405 with an ``Allow`` header, both in the error envelope of the
+route family (Anthropic's for ``/v1/messages``, vLLM's elsewhere).
 """
 
 from __future__ import annotations
@@ -61,6 +64,14 @@ class Resolved:
     error_style: str
 
 
+def _handler(route: _Route, method: str) -> Handler | None:
+    """``route``'s handler for ``method`` (upper case); HEAD falls back to GET."""
+    handler = route.handlers.get(method)
+    if handler is None and method == "HEAD":
+        handler = route.handlers.get("GET")
+    return handler
+
+
 class Router:
     def __init__(self) -> None:
         self._exact: dict[str, _Route] = {}
@@ -100,28 +111,34 @@ class Router:
         return resolved
 
     def _resolve(self, method: str, path: str) -> Resolved:
-        route = self._exact.get(path)
-        params: Mapping[str, str] | None = _NO_PARAMS
-        if route is None:
-            segments = tuple(path.split("/"))
-            for candidate in self._patterns:
-                params = candidate.match(segments)
-                if params is not None:
-                    route = candidate
-                    break
-        if route is None or params is None:
+        """An exact route with the method wins; else the first pattern that matches with
+        it, as Starlette matches (a POST-only ``/v1/responses/render`` leaves GET to
+        ``/v1/responses/{response_id}``); else a 405 naming the first matching route's
+        methods, or a 404."""
+        method = method.upper()
+        exact = self._exact.get(path)
+        if exact is not None:
+            handler = _handler(exact, method)
+            if handler is not None:
+                return Resolved(handler, _NO_PARAMS, exact.error_style)
+        matched = exact
+        segments = tuple(path.split("/"))
+        for candidate in self._patterns:
+            params = candidate.match(segments)
+            if params is None:
+                continue
+            handler = _handler(candidate, method)
+            if handler is not None:
+                return Resolved(handler, params, candidate.error_style)
+            matched = matched or candidate
+        if matched is None:
             raise ApiError(404, f"Not Found: no route for {path}")
-        handler = route.handlers.get(method.upper())
-        if handler is None and method.upper() == "HEAD":
-            handler = route.handlers.get("GET")
-        if handler is None:
-            allow = ", ".join(sorted(route.handlers)).encode()
-            raise ApiError(
-                405,
-                f"Method Not Allowed: {method} is not supported on {path}; use {allow.decode()}",
-                headers=((b"allow", allow),),
-            )
-        return Resolved(handler, params, route.error_style)
+        allow = ", ".join(sorted(matched.handlers)).encode()
+        raise ApiError(
+            405,
+            f"Method Not Allowed: {method} is not supported on {path}; use {allow.decode()}",
+            headers=((b"allow", allow),),
+        )
 
     def error_style_for(self, path: str) -> str:
         route = self._exact.get(path)

@@ -38,6 +38,7 @@ __all__ = [
     "pydantic_type_error",
     "request_validation_error",
     "structure",
+    "validation_errors",
 ]
 
 T = TypeVar("T")
@@ -145,6 +146,13 @@ def _structure_any(value: object, _: type) -> object:
     return value
 
 
+def _structure_object(value: object, _: type) -> dict[str, Any]:
+    """``dict[str, Any]``: any JSON object, taken as it is (pydantic's ``dict_type`` otherwise)."""
+    if isinstance(value, dict):
+        return value
+    raise FieldTypeError("an object", value)
+
+
 def _is_homogeneous_tuple(type_: Any) -> bool:
     args = typing.get_args(type_)
     return typing.get_origin(type_) is tuple and len(args) == 2 and args[1] is Ellipsis
@@ -207,6 +215,7 @@ converter.register_structure_hook(float, _structure_float)
 converter.register_structure_hook(str, _structure_str)
 converter.register_structure_hook(bool, _structure_bool)
 converter.register_structure_hook(Any, _structure_any)
+converter.register_structure_hook_func(lambda t: t == dict[str, Any], _structure_object)
 converter.register_structure_hook_factory(_is_homogeneous_tuple, _tuple_hook_factory)
 converter.register_structure_hook_factory(_is_optional, _optional_hook_factory)
 converter.register_structure_hook_factory(attrs.has, _attrs_hook_factory)
@@ -269,34 +278,44 @@ def request_validation_error(errors: list[object], param: str | None = None) -> 
 
 
 def _as_api_error(exc: BaseException, value: object) -> ApiError:
+    errors = validation_errors(exc, value)
+    if errors is None:
+        # a union of types: pydantic lists one error per branch; llmsim says what it expects
+        path, leaf = _first_failure(exc)
+        message = f"Invalid type for '{_dotted(path) or 'the request body'}': {leaf}."
+        return ApiError(400, message, param=_loc(path), error_type="Bad Request")
+    first = errors[0]
+    return request_validation_error(list(errors), str(first["loc"]))
+
+
+def validation_errors(exc: BaseException, value: object) -> list[dict[str, object]] | None:
+    """pydantic's errors (as vLLM prints them) for a failure of :func:`structure`'s
+    converter on ``value``; None for a value of none of a union's types, which llmsim
+    words itself.  (A union of request classes lists each branch's errors.)"""
     path, leaf = _first_failure(exc)
     loc = ".".join(["body", *map(str, path)])
     if isinstance(leaf, KeyError):
         parent = _value_at(value, path[:-1])
-        error = {"type": "missing", "loc": loc, "msg": "Field required", "input": error_input(parent)}
-        return request_validation_error([error], loc)
+        return [{"type": "missing", "loc": loc, "msg": "Field required", "input": error_input(parent)}]
     if isinstance(leaf, FieldErrors):
-        errors: list[object] = [_error_dict(error, [*path, *error.loc]) for error in leaf.errors]
-        return request_validation_error(errors, _loc(path + list(leaf.errors[0].loc)))
+        return [_error_dict(error, [*path, *error.loc]) for error in leaf.errors]
     if isinstance(leaf, FieldTypeError):
         known = pydantic_type_error(leaf.expected, leaf.value)
-        if known is not None:
-            kind, msg = known
-            error = {"type": kind, "loc": loc, "msg": msg, "input": error_input(leaf.value)}
-            return request_validation_error([error], loc)
-        # a union of types: pydantic lists one error per branch; llmsim says what it expects
-        message = f"Invalid type for '{_dotted(path) or 'the request body'}': {leaf}."
-        return ApiError(400, message, param=loc, error_type="Bad Request")
+        if known is None:
+            return None
+        kind, msg = known
+        return [{"type": kind, "loc": loc, "msg": msg, "input": error_input(leaf.value)}]
     # a validator's ValueError, as pydantic wraps it
     text = str(leaf)
-    error = {
-        "type": "value_error",
-        "loc": loc,
-        "msg": f"Value error, {text}",
-        "input": error_input(_value_at(value, path)),
-        "ctx": {"error": ValueError(text)},
-    }
-    return request_validation_error([error], loc)
+    return [
+        {
+            "type": "value_error",
+            "loc": loc,
+            "msg": f"Value error, {text}",
+            "input": error_input(_value_at(value, path)),
+            "ctx": {"error": ValueError(text)},
+        }
+    ]
 
 
 def _loc(path: list[str | int]) -> str:

@@ -13,7 +13,8 @@ from __future__ import annotations
 from llmsim.engine.errors import QueueFullError, QueueLimit
 from llmsim.engine.job import Job, JobSink, JobState
 from llmsim.engine.latency import LatencyModel
-from llmsim.engine.scheduler import MAX_TOKENS_PER_STEP, Engine, EngineStatistics
+from llmsim.engine.scheduler import MAX_TOKENS_PER_STEP, Engine
+from llmsim.engine.statistics import EngineStatistics
 
 __all__ = [
     "MAX_TOKENS_PER_STEP",

@@ -7,13 +7,22 @@ vLLM's Prometheus stat logger does (``vllm/v1/metrics/loggers.py:822-841``); the
 
 from __future__ import annotations
 
+import json
+import math
+from collections.abc import Mapping
+from itertools import pairwise
+
 __all__ = [
+    "BUCKET_FAMILIES",
     "INTER_TOKEN_LATENCY_BUCKETS",
     "ITERATION_TOKENS_BUCKETS",
     "REQUEST_LATENCY_BUCKETS",
     "REQUEST_NUM_PREEMPTIONS_BUCKETS",
     "REQUEST_PARAMS_N_BUCKETS",
     "TIME_TO_FIRST_TOKEN_BUCKETS",
+    "BucketBounds",
+    "bucket_bounds",
+    "parse_custom_buckets",
     "request_tokens_buckets",
 ]
 
@@ -51,3 +60,66 @@ def request_tokens_buckets(max_model_len: int) -> tuple[float, ...]:
                 return tuple(bounds)
             bounds.append(value)
         power *= 10
+
+
+#: vLLM's bucket families (``buckets.py:15-24``); ``request_tokens`` depends on the context window.
+BUCKET_FAMILIES = (
+    "request_latency",
+    "time_to_first_token",
+    "inter_token_latency",
+    "iteration_tokens",
+    "request_params_n",
+    "request_num_preemptions",
+    "request_tokens",
+    "kv_cache_residency",
+)
+_STATIC: dict[str, tuple[float, ...]] = {
+    "request_latency": REQUEST_LATENCY_BUCKETS,
+    "time_to_first_token": TIME_TO_FIRST_TOKEN_BUCKETS,
+    "inter_token_latency": INTER_TOKEN_LATENCY_BUCKETS,
+    "iteration_tokens": ITERATION_TOKENS_BUCKETS,
+    "request_params_n": REQUEST_PARAMS_N_BUCKETS,
+    "request_num_preemptions": REQUEST_NUM_PREEMPTIONS_BUCKETS,
+}
+
+#: ``--custom-histogram-buckets`` read: upper bounds by family.
+BucketBounds = Mapping[str, tuple[float, ...]]
+
+
+def bucket_bounds(family: str, max_model_len: int, overrides: BucketBounds | None = None) -> tuple[float, ...]:
+    """A family's upper bounds: the override if given, else vLLM's (``buckets.py:213-240``)."""
+    if overrides is not None and family in overrides:
+        return overrides[family]
+    if family == "request_tokens":
+        return request_tokens_buckets(max_model_len)
+    return _STATIC[family]
+
+
+def parse_custom_buckets(text: str) -> dict[str, tuple[float, ...]]:
+    """``--custom-histogram-buckets`` (a JSON object) checked as vLLM's
+    ``ObservabilityConfig`` checks it (``vllm/config/observability.py:167-214``), with its
+    messages; ``ValueError`` otherwise."""
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError("custom_histogram_buckets: expected a JSON object of bucket lists")
+    parsed: dict[str, tuple[float, ...]] = {}
+    for family, buckets in value.items():
+        if family not in BUCKET_FAMILIES:
+            raise ValueError(
+                f"custom_histogram_buckets: unknown bucket family {family!r}; known families: {sorted(BUCKET_FAMILIES)}"
+            )
+        if not isinstance(buckets, list) or not all(
+            isinstance(bound, (int, float)) and not isinstance(bound, bool) for bound in buckets
+        ):
+            raise ValueError(f"custom_histogram_buckets[{family!r}]: expected a list of numbers, got {buckets!r}")
+        if not buckets:
+            raise ValueError(f"custom_histogram_buckets[{family!r}]: bucket list must not be empty")
+        for bound in buckets:
+            if not math.isfinite(bound) or bound <= 0:
+                raise ValueError(
+                    f"custom_histogram_buckets[{family!r}]: bound {bound!r} must be finite and greater than 0"
+                )
+        if any(a >= b for a, b in pairwise(buckets)):
+            raise ValueError(f"custom_histogram_buckets[{family!r}]: bounds {buckets} must be strictly increasing")
+        parsed[family] = tuple(float(bound) for bound in buckets)
+    return parsed

@@ -22,7 +22,8 @@ What is recorded follows vLLM 0.33's ``IterationStats`` and ``PrometheusStatLogg
 * per engine step that produced tokens: prompt tokens computed for the jobs whose
   first token it produced plus the tokens it generated (``loggers.py:1262-1265``).
 
-A job cancelled because its client left is not a finished request: vLLM's frontend
+A job the engine ended (sleep ``mode=abort``, :meth:`EngineMetrics.aborted`) is a finished
+request with reason ``abort``.  A job cancelled because its client left is not a finished request: vLLM's frontend
 drops an aborted request's state before any finish statistics are taken
 (``vllm/v1/engine/output_processor.py:599-660``), so only the tokens it had generated
 and its time to first token count.
@@ -36,15 +37,7 @@ from bisect import bisect_left
 import attrs
 
 from llmsim.engine.job import Job
-from llmsim.engine.metric_buckets import (
-    INTER_TOKEN_LATENCY_BUCKETS,
-    ITERATION_TOKENS_BUCKETS,
-    REQUEST_LATENCY_BUCKETS,
-    REQUEST_NUM_PREEMPTIONS_BUCKETS,
-    REQUEST_PARAMS_N_BUCKETS,
-    TIME_TO_FIRST_TOKEN_BUCKETS,
-    request_tokens_buckets,
-)
+from llmsim.engine.metric_buckets import BucketBounds, bucket_bounds
 
 __all__ = [
     "ADMISSION_REASONS",
@@ -121,36 +114,42 @@ class EngineMetrics:
     """The statistics of one engine (see the module docstring for what each one is).
 
     ``max_model_len`` bounds the token-count histograms' buckets, as in vLLM (the
-    default is ``--max-model-len``'s).
+    default is ``--max-model-len``'s); ``buckets`` replaces families' bounds
+    (``--custom-histogram-buckets``).
     """
 
-    def __init__(self, max_model_len: int = 32768) -> None:
-        tokens = request_tokens_buckets(max_model_len)
+    def __init__(self, max_model_len: int = 32768, buckets: BucketBounds | None = None) -> None:
+        def bounds(family: str) -> tuple[float, ...]:
+            return bucket_bounds(family, max_model_len, buckets)
+
+        tokens = bounds("request_tokens")
+        latency = bounds("request_latency")
+        itl = bounds("inter_token_latency")
         self.request_success = dict.fromkeys(FINISH_REASONS, 0)
         self.admission_rejections = dict.fromkeys(ADMISSION_REASONS, 0)
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
         self.prompt_tokens_cached = 0
         self.prompt_tokens_computed = 0
-        self.time_to_first_token = Histogram(TIME_TO_FIRST_TOKEN_BUCKETS)
-        self.inter_token_latency = Histogram(INTER_TOKEN_LATENCY_BUCKETS)
-        self.iteration_tokens = Histogram(ITERATION_TOKENS_BUCKETS)
+        self.time_to_first_token = Histogram(bounds("time_to_first_token"))
+        self.inter_token_latency = Histogram(itl)
+        self.iteration_tokens = Histogram(bounds("iteration_tokens"))
         self._histograms = {
             "time_to_first_token_seconds": self.time_to_first_token,
             "inter_token_latency_seconds": self.inter_token_latency,
             "iteration_tokens_total": self.iteration_tokens,
-            "request_time_per_output_token_seconds": Histogram(INTER_TOKEN_LATENCY_BUCKETS),
-            "e2e_request_latency_seconds": Histogram(REQUEST_LATENCY_BUCKETS),
-            "request_queue_time_seconds": Histogram(REQUEST_LATENCY_BUCKETS),
-            "request_inference_time_seconds": Histogram(REQUEST_LATENCY_BUCKETS),
-            "request_prefill_time_seconds": Histogram(REQUEST_LATENCY_BUCKETS),
-            "request_decode_time_seconds": Histogram(REQUEST_LATENCY_BUCKETS),
+            "request_time_per_output_token_seconds": Histogram(itl),
+            "e2e_request_latency_seconds": Histogram(latency),
+            "request_queue_time_seconds": Histogram(latency),
+            "request_inference_time_seconds": Histogram(latency),
+            "request_prefill_time_seconds": Histogram(latency),
+            "request_decode_time_seconds": Histogram(latency),
             "request_prompt_tokens": Histogram(tokens),
             "request_generation_tokens": Histogram(tokens),
             "request_max_num_generation_tokens": Histogram(tokens),
-            "request_params_n": Histogram(REQUEST_PARAMS_N_BUCKETS),
+            "request_params_n": Histogram(bounds("request_params_n")),
             "request_params_max_tokens": Histogram(tokens),
-            "request_num_preemptions": Histogram(REQUEST_NUM_PREEMPTIONS_BUCKETS),
+            "request_num_preemptions": Histogram(bounds("request_num_preemptions")),
             "request_prefill_kv_computed_tokens": Histogram(tokens),
         }
         # Prompt tokens computed for the jobs that got their first token in the step
@@ -185,7 +184,7 @@ class EngineMetrics:
         """``job`` produced its last token at ``now``."""
         histograms = self._histograms
         arrival = job.arrival_time
-        admitted = job.admitted_time if job.admitted_time is not None else arrival
+        admitted = job.admitted_time if job.admitted_time is not None else now  # aborted while waiting
         first = job.first_token_time if job.first_token_time is not None else now
         generated = job.emitted
         decode = now - first
@@ -211,6 +210,20 @@ class EngineMetrics:
         group.max_generated = max(group.max_generated, generated)
         if group.unfinished == 0:
             self._request_done(group.n, group.max_generated)
+
+    def aborted(self, job: Job, now: float) -> None:
+        """The engine ended ``job`` at ``now`` (sleep ``mode=abort``).  vLLM's abort is an
+        output without tokens: it counts as the job's first output (a time to first
+        token) or as one more (an inter-token latency), ``vllm/v1/metrics/stats.py:509-558``,
+        and then the request finished with reason ``abort``
+        (``vllm/v1/engine/output_processor.py:868-887``).  A job aborted while waiting
+        has its queue time run until the abort (vLLM, never having scheduled it, reports
+        a negative one)."""
+        if job.first_token_time is None:
+            self.time_to_first_token.observe(now - job.arrival_time)
+        else:
+            self.inter_token_latency.observe(now - job.last_token_time)
+        self.finished(job, now)
 
     def _request_done(self, n: int, max_generated: int) -> None:
         self._histograms["request_params_n"].observe(n)

@@ -52,68 +52,25 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
 
-import attrs
-
 from llmsim.engine.errors import QueueFullError, QueueLimit
+from llmsim.engine.grid import GRID_TOLERANCE, step_grid
 from llmsim.engine.job import Job, JobState
 from llmsim.engine.latency import LatencyModel
 from llmsim.engine.metrics import EngineMetrics
+from llmsim.engine.pause import ABORT, PauseState, end, shift_deadlines
 from llmsim.engine.prefill import ChunkedPrefill
+from llmsim.engine.statistics import LATE_STEP_THRESHOLD, EngineStatistics
 from llmsim.options import EngineOptions, LatencyOptions
 
-__all__ = ["LATE_STEP_THRESHOLD", "MAX_TOKENS_PER_STEP", "Engine", "EngineStatistics", "step_grid"]
+__all__ = ["MAX_TOKENS_PER_STEP", "Engine"]
 
 #: Most tokens one job receives in one step when it is catching up.
 MAX_TOKENS_PER_STEP = 16
-#: A step that starts this much after its earliest step time counts as late.
-LATE_STEP_THRESHOLD = 0.001
 #: ``job.slot`` of a job waiting in the ready list (due at the next step).
 _READY = -math.inf
-#: A deadline this close below a grid time (in grid intervals) belongs to it: float
-#: sums of the ITL can land a hair off the grid.
-_GRID_TOLERANCE = 1e-6
-
 _PREFILL = JobState.PREFILL
 _DECODING = JobState.DECODING
 _FINISHED = JobState.FINISHED
-
-
-def step_grid(inter_token_latency: float, target: float) -> float:
-    """The grid interval for a step quantum of about ``target`` seconds: the largest
-    ``inter_token_latency / k`` (k a positive integer) not above ``target``, or
-    ``target`` itself without an inter-token latency; 0 (no grid) if ``target <= 0``."""
-    if target <= 0.0:
-        return 0.0
-    itl = inter_token_latency
-    if itl <= 0.0:
-        return target
-    return itl / max(1, math.ceil(itl / target - _GRID_TOLERANCE))
-
-
-@attrs.frozen
-class EngineStatistics:
-    """A snapshot of the engine's counters (see :meth:`Engine.statistics`).
-
-    ``submitted`` counts every :meth:`Engine.submit` call, so it always equals
-    ``running + waiting + finished + cancelled + rejected``.  ``prompt_tokens`` counts
-    the prompts of jobs whose prefill completed (cached tokens included, as vLLM's
-    ``prompt_tokens_total``).  ``steps`` counts steps that had something due;
-    ``late_steps`` those that ran more than :data:`LATE_STEP_THRESHOLD` after their
-    earliest step time (the earliest due deadline, or with a step quantum the grid
-    time it was rounded up to), and ``max_lateness`` is the worst such delay (seconds).
-    """
-
-    running: int
-    waiting: int
-    submitted: int
-    finished: int
-    cancelled: int
-    rejected: int
-    generated_tokens: int
-    prompt_tokens: int
-    steps: int
-    late_steps: int
-    max_lateness: float
 
 
 class Engine:
@@ -157,6 +114,12 @@ class Engine:
         self._inverse_grid = 0.0
         self._fixed_itl: float | None = None
         self._configure()
+        # Sleep mode (see llmsim/engine/pause.py).
+        self._pause_state = PauseState.UNPAUSED
+        self._paused_at = 0.0  # when PAUSED_ALL began
+        # The jobs holding a slot, in admission order: a paused job, or one in chunked
+        # prefill, has no entry in the schedule, and abort_all must find it.
+        self._admitted: dict[Job, None] = {}
         self._callback_job: Job | None = None
         self._callback_resumed = False
         self._submitted = 0
@@ -202,8 +165,8 @@ class Engine:
         self._configure()
 
     def set_wakeup(self, callback: Callable[[], None]) -> None:
-        """``callback()`` runs (synchronously) whenever :meth:`submit`, :meth:`resume` or
-        :meth:`cancel` makes :meth:`next_deadline` earlier, so the driver can stop
+        """``callback()`` runs (synchronously) whenever :meth:`submit`, :meth:`resume`,
+        :meth:`cancel` or :meth:`set_pause_state` makes :meth:`next_deadline` earlier, so the driver can stop
         sleeping.  It must not block or call back into the engine."""
         self._wakeup = callback
 
@@ -250,7 +213,8 @@ class Engine:
         before = self.next_deadline()
         job.arrival_time = now
         self._submitted += 1
-        if self._waiting_count == 0 and self._running < self._options.max_num_seqs:
+        free = self._waiting_count == 0 and self._running < self._options.max_num_seqs
+        if free and self._pause_state is PauseState.UNPAUSED:
             self._admit(job, now)
         elif self._waiting_count >= self._options.max_waiting_queue_length:
             job.state = JobState.REJECTED
@@ -307,7 +271,10 @@ class Engine:
 
     def next_deadline(self) -> float:
         """Absolute time of the next step (the next due deadline, or with a step
-        quantum the grid time it rounds up to); ``math.inf`` when nothing is due."""
+        quantum the grid time it rounds up to); ``math.inf`` when nothing is due
+        (or while paused with :attr:`PauseState.PAUSED_ALL`)."""
+        if self._pause_state is PauseState.PAUSED_ALL:
+            return math.inf
         first = math.inf
         if self._ready:
             if _live(self._ready, _READY):
@@ -328,7 +295,10 @@ class Engine:
         return period_end if period_end < first else first
 
     def step(self, now: float) -> None:
-        """Do everything due at or before ``now``, calling the jobs' sinks."""
+        """Do everything due at or before ``now``, calling the jobs' sinks (nothing
+        while paused with :attr:`PauseState.PAUSED_ALL`)."""
+        if self._pause_state is PauseState.PAUSED_ALL:
+            return
         generated_before = self._generated_tokens
         earliest = math.inf
         if self._prefill.next_period_end <= now:
@@ -358,6 +328,49 @@ class Engine:
         if earliest != math.inf:
             self._record_step(now - earliest)
 
+    # --- sleep mode (llmsim/engine/pause.py) -------------------------------------------------
+
+    @property
+    def pause_state(self) -> PauseState:
+        return self._pause_state
+
+    def set_pause_state(self, state: PauseState, now: float) -> None:
+        """vLLM's ``Scheduler.set_pause_state``: while paused, waiting jobs are not
+        admitted; PAUSED_ALL also stops every step, and leaving it shifts the
+        deadlines by the time it lasted (see :mod:`llmsim.engine.pause`)."""
+        previous, self._pause_state = self._pause_state, state
+        if state is PauseState.PAUSED_ALL and previous is not state:
+            self._paused_at = now
+        elif previous is PauseState.PAUSED_ALL and state is not previous:
+            self._prefill.next_period_end += now - self._paused_at
+            scheduled = shift_deadlines(list(self._admitted), now - self._paused_at)
+            self._ready, self._ready_time, self._buckets, self._times = [], math.inf, {}, []
+            for job in scheduled:
+                self._schedule(job, job.deadline, now)
+        if state is PauseState.UNPAUSED:
+            self._fill_slots(now)
+        self._wake_if_earlier(math.inf)
+
+    def abort_all(self, now: float, reason: str = ABORT) -> int:
+        """End every unfinished job (running or waiting) at once with ``reason``, as
+        vLLM's ``pause_scheduler(mode="abort")`` does (``vllm/v1/engine/core.py:2209-2213``).
+        Each one counts as finished and gets its last sink call, FINISHED, with no new
+        tokens.  Returns how many jobs ended."""
+        jobs = [*self._admitted, *(job for job in self._waiting if job.state is JobState.WAITING)]
+        self._waiting.clear()
+        self._waiting_count = 0
+        for job in jobs:
+            if job.state is _PREFILL:
+                self._prefill.discard(job)
+            if job.state is not JobState.WAITING:
+                self._release(job, decoding=job.state is _DECODING)
+            end(job, reason, now)
+            self._finished += 1
+            self.metrics.aborted(job, now)
+        for job in jobs:
+            job.sink.on_output(job, job.emitted, job.emitted, now)
+        return len(jobs)
+
     def statistics(self) -> EngineStatistics:
         return EngineStatistics(
             running=self._running,
@@ -377,6 +390,8 @@ class Engine:
 
     def _fill_slots(self, now: float) -> None:
         """Admit waiting jobs, oldest first, while slots are free."""
+        if self._pause_state is not PauseState.UNPAUSED:
+            return  # paused: waiting jobs stay queued
         waiting = self._waiting
         while self._waiting_count and self._running < self._options.max_num_seqs:
             job = waiting.popleft()
@@ -386,6 +401,7 @@ class Engine:
 
     def _admit(self, job: Job, now: float) -> None:
         self._running += 1
+        self._admitted[job] = None
         job.state = JobState.PREFILL
         job.admitted_time = now
         self.metrics.admitted(job)
@@ -407,6 +423,7 @@ class Engine:
             self._schedule(job, job.deadline, now)
 
     def _release(self, job: Job, *, decoding: bool) -> None:
+        del self._admitted[job]
         self._running -= 1
         if decoding:
             self._decoding -= 1
@@ -426,7 +443,7 @@ class Engine:
         if deadline <= horizon:
             time = _READY
         elif self._grid:
-            time = math.ceil(deadline * self._inverse_grid - _GRID_TOLERANCE) * self._grid
+            time = math.ceil(deadline * self._inverse_grid - GRID_TOLERANCE) * self._grid
             if time <= horizon:
                 time = _READY
         else:
@@ -512,6 +529,7 @@ class Engine:
                     self._finished += 1
                     self._running -= 1
                     self._decoding -= 1
+                    del self._admitted[job]
                     metrics.finished(job, now)
                     if self._waiting_count:
                         self._fill_slots(deadline)
@@ -521,7 +539,7 @@ class Engine:
                     job.deadline = deadline
                     if deadline > now:
                         if grid:
-                            slot = math.ceil(deadline * inverse_grid - _GRID_TOLERANCE) * grid
+                            slot = math.ceil(deadline * inverse_grid - GRID_TOLERANCE) * grid
                             if slot <= now:  # a hair below this step's grid time
                                 slot = _READY
                         else:

@@ -1,4 +1,5 @@
-"""What a job says: random corpus text or an echo of the prompt, and how long it is.
+"""What a job says: random corpus text, an echo of the prompt or a dataset's answer
+(``--dataset-path``, :mod:`llmsim.model.dataset`), and how long it is.
 
 Lengths follow llm-d-inference-sim (``pkg/dataset``):
 
@@ -31,10 +32,12 @@ from __future__ import annotations
 import bisect
 import math
 import random
+from collections.abc import Sequence
 
 import attrs
 
 from llmsim.model.corpus import SENTENCES
+from llmsim.model.dataset import load_dataset
 from llmsim.model.tokenizer import END_OF_TEXT, IM_END, Tokenizer
 from llmsim.options import ModelOptions
 
@@ -152,6 +155,7 @@ class TextGenerator:
         self._tokenizer = tokenizer
         self._sentences = tuple(self._split(sentence) for sentence in SENTENCES)
         self.eos = eos_token(tokenizer)
+        self._dataset = load_dataset(options)  # --dataset-path: answers chosen as llm-d-inference-sim does
 
     def _split(self, text: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
         pieces, ids = (tuple(self._tokenizer.tokenize(text)), tuple(self._tokenizer.encode(text)))
@@ -168,10 +172,12 @@ class TextGenerator:
         prompt_tokens: int,
         echo_text: str | None,
         min_tokens: int = 0,
+        prompt_ids: Sequence[int] = (),
     ) -> GeneratedText:
         """Plan one output.  ``echo_text`` is what echo mode replays (ignored in random
         mode); ``max_tokens=None`` means the request set no cap; no output of random
-        mode is shorter than ``min_tokens`` (within the cap).
+        mode is shorter than ``min_tokens`` (within the cap).  With a dataset, the
+        answer is the one it holds for ``prompt_ids`` (:mod:`llmsim.model.dataset`).
 
         Raises:
             ValueError: ``max_tokens`` < 1, the prompt leaves no room in the context
@@ -190,6 +196,10 @@ class TextGenerator:
             if echo_text is None:
                 raise ValueError("echo mode needs the text to echo (echo_text)")
             return self._echo_of(echo_text, cap)
+        if self._dataset is not None:
+            answer = self._dataset.answer(rng, prompt_ids, cap, ignore_eos)
+            if answer is not None:
+                return self._answer_of(rng, answer, cap, cap if ignore_eos else min(min_tokens, cap))
         if ignore_eos:
             length = cap
         elif max_tokens is not None:
@@ -203,6 +213,18 @@ class TextGenerator:
         pieces, ids = self._tokenizer.tokenize(text), self._tokenizer.encode(text)
         finish = FinishReason.LENGTH if len(ids) >= cap else FinishReason.STOP
         return GeneratedText(tuple(pieces[:cap]), tuple(ids[:cap]), finish)
+
+    def _answer_of(self, rng: random.Random, text: str, cap: int, least: int) -> GeneratedText:
+        """A dataset answer in this tokenizer's pieces, cut at ``cap`` and padded with
+        corpus text up to ``least`` tokens (``ignore_eos``, ``min_tokens``)."""
+        pieces, ids = tuple(self._tokenizer.tokenize(text)), tuple(self._tokenizer.encode(text))
+        if len(ids) != len(pieces):  # a tokenizer whose offsets merge tokens: keep one id per piece
+            ids = ids[: len(pieces)] + (0,) * (len(pieces) - len(ids))
+        pieces, ids = pieces[:cap], ids[:cap]
+        if len(pieces) < least:
+            more_pieces, more_ids = self._draw(rng, least - len(pieces))
+            pieces, ids = pieces + more_pieces, ids + more_ids
+        return GeneratedText(pieces, ids, FinishReason.LENGTH if len(pieces) == cap else FinishReason.STOP)
 
     def _draw(self, rng: random.Random, length: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
         """``length`` tokens of whole random sentences, the last one cut short."""

@@ -9,10 +9,10 @@ never share one (``decode(encode(text)) == text``).  Ids map back to pieces thro
 bounded table of recently seen pieces plus the random-mode corpus, which is always known.
 
 :class:`HFTokenizer` loads a local ``tokenizer.json`` with the ``tokenizers`` library;
-it never fetches anything.
-
-Both render chat messages with the same built-in ChatML template, used to count chat
-prompt tokens.
+it never fetches anything.  When the tokenizer's directory holds the model's chat template
+(``chat_template.jinja`` or ``tokenizer_config.json``), it is loaded too
+(:mod:`llmsim.model.chat_template`) and renders chat prompts; otherwise, and for the
+simulated tokenizer, chat messages are rendered with the built-in ChatML template.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
+from llmsim.model.chat_template import ChatTemplate, load_chat_template
 from llmsim.model.corpus import SENTENCES
 
 if TYPE_CHECKING:
@@ -58,10 +59,15 @@ class ChatTurn:
     content: str
 
 
-def render_chat(messages: Sequence[ChatTurn], *, add_generation_prompt: bool = True) -> str:
-    """The ChatML rendering of ``messages``, plus the assistant prompt if asked."""
+def render_chat(
+    messages: Sequence[ChatTurn], *, add_generation_prompt: bool = True, continue_final_message: bool = False
+) -> str:
+    """The ChatML rendering of ``messages``, plus the assistant prompt if asked; with
+    ``continue_final_message`` the last message is left open (no end-of-turn after it)."""
     parts = [f"{IM_START}{turn.role}\n{turn.content}{IM_END}\n" for turn in messages]
-    if add_generation_prompt:
+    if continue_final_message and parts:
+        parts[-1] = parts[-1].removesuffix(f"{IM_END}\n")
+    elif add_generation_prompt:
         parts.append(f"{IM_START}assistant\n")
     return "".join(parts)
 
@@ -73,8 +79,13 @@ class Tokenizer(Protocol):
     def vocab_size(self) -> int:
         """Valid ids are ``0 <= id < vocab_size``."""
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` (no special tokens added)."""
+    @property
+    def chat_template(self) -> ChatTemplate | None:
+        """The model's own chat template, if one was loaded with the tokenizer."""
+
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of ``text``; special tokens (such as a BOS) are added only when asked
+        and only as the tokenizer's own post-processor adds them."""
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of ``ids``.  Raises ValueError for ids outside the vocabulary."""
@@ -87,8 +98,11 @@ class Tokenizer(Protocol):
         """The vocabulary string of each id (as vLLM's ``/tokenize`` ``token_strs``).
         Raises ValueError for ids outside the vocabulary."""
 
-    def apply_chat_template(self, messages: Sequence[ChatTurn], *, add_generation_prompt: bool = True) -> str:
-        """The prompt text a chat request is tokenized from."""
+    def apply_chat_template(
+        self, messages: Sequence[ChatTurn], *, add_generation_prompt: bool = True, continue_final_message: bool = False
+    ) -> str:
+        """The prompt text a chat request is tokenized from.  Raises ChatTemplateError
+        when the model's own template refuses the conversation."""
 
 
 def _placeholder(token_id: int) -> str:
@@ -164,10 +178,14 @@ class SimTokenizer:
     def vocab_size(self) -> int:
         return _SIM_VOCAB_SIZE
 
+    @property
+    def chat_template(self) -> ChatTemplate | None:
+        return None
+
     def tokenize(self, text: str) -> list[str]:
         return _PIECE_RE.findall(text)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:  # no BOS: nothing to add
         ids = self._ids
         return [ids[piece] for piece in _PIECE_RE.findall(text)]
 
@@ -179,8 +197,12 @@ class SimTokenizer:
         pieces = self._ids.pieces
         return [pieces.get(token_id) or _placeholder(token_id) for token_id in ids]
 
-    def apply_chat_template(self, messages: Sequence[ChatTurn], *, add_generation_prompt: bool = True) -> str:
-        return render_chat(messages, add_generation_prompt=add_generation_prompt)
+    def apply_chat_template(
+        self, messages: Sequence[ChatTurn], *, add_generation_prompt: bool = True, continue_final_message: bool = False
+    ) -> str:
+        return render_chat(
+            messages, add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message
+        )
 
 
 # --- Hugging Face tokenizer.json -------------------------------------------------------------
@@ -189,15 +211,18 @@ class SimTokenizer:
 class HFTokenizer:
     """A local Hugging Face ``tokenizer.json`` (never downloaded)."""
 
-    def __init__(self, tokenizer: tokenizers.Tokenizer) -> None:
+    def __init__(self, tokenizer: tokenizers.Tokenizer, chat_template: ChatTemplate | None = None) -> None:
         self._tokenizer = tokenizer
+        self._chat_template = chat_template
 
     @classmethod
     def from_path(cls, path: str) -> HFTokenizer:
-        """Load ``path``: a ``tokenizer.json`` file or a directory holding one.
+        """Load ``path``: a ``tokenizer.json`` file or a directory holding one, with the
+        chat template beside it, if any.
 
         Raises:
-            ValueError: nothing loadable there (the message names the path).
+            ValueError: nothing loadable there, or a broken chat template (the message
+                names the file).
         """
         # Imported here: the library takes a while to import and most runs never need it.
         import tokenizers
@@ -208,16 +233,21 @@ class HFTokenizer:
                 f"tokenizer {path!r}: no such file; pass a tokenizer.json file or a directory that holds one"
             )
         try:
-            return cls(tokenizers.Tokenizer.from_file(file))
+            tokenizer = tokenizers.Tokenizer.from_file(file)
         except Exception as exc:  # the library raises plain Exception on bad files
             raise ValueError(f"tokenizer {file!r} could not be loaded: {exc}") from exc
+        return cls(tokenizer, load_chat_template(os.path.dirname(os.path.abspath(file))))
 
     @property
     def vocab_size(self) -> int:
         return int(self._tokenizer.get_vocab_size(with_added_tokens=True))
 
-    def encode(self, text: str) -> list[int]:
-        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
+    @property
+    def chat_template(self) -> ChatTemplate | None:
+        return self._chat_template
+
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, ids: Sequence[int]) -> str:
         _check_ids(ids, self.vocab_size)
@@ -241,8 +271,18 @@ class HFTokenizer:
         to_token = self._tokenizer.id_to_token
         return [to_token(token_id) or _placeholder(token_id) for token_id in ids]
 
-    def apply_chat_template(self, messages: Sequence[ChatTurn], *, add_generation_prompt: bool = True) -> str:
-        return render_chat(messages, add_generation_prompt=add_generation_prompt)
+    def apply_chat_template(
+        self, messages: Sequence[ChatTurn], *, add_generation_prompt: bool = True, continue_final_message: bool = False
+    ) -> str:
+        """With the model's template, each turn is one ``{"role", "content"}`` message."""
+        if self._chat_template is None:
+            return render_chat(
+                messages, add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message
+            )
+        turns = [{"role": turn.role, "content": turn.content} for turn in messages]
+        return self._chat_template.render(
+            turns, add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message
+        )
 
 
 def load_tokenizer(path: str | None) -> Tokenizer:

@@ -229,12 +229,42 @@ async def test_a_chat_stream_stop_chunk_names_the_stop_string(autojump_clock: Mo
     )
 
 
-async def test_a_stream_with_logprobs_keeps_whole_tokens(autojump_clock: MockClock) -> None:
-    """Logprobs name each token by its piece, so a stream with logprobs holds nothing back
-    (llmsim's simplification; vLLM's chunk text would lag its tokens)."""
+async def test_a_stream_with_logprobs_holds_back_its_text_and_names_whole_tokens(autojump_clock: MockClock) -> None:
+    """With logprobs the text still lags (held back for "zz"), while each chunk's logprobs
+    name its whole token, decoded from its id (generate/base/serving.py:302-319), and
+    ``text_offset`` advances by the tokens reported, not by the text sent
+    (completion/serving.py:413-418)."""
     status, body = await completion(stop="zz", stream=True, max_tokens=2, logprobs=0)
-    texts = [orjson.loads(event[6:])["choices"][0]["text"] for event in body.split(b"\n\n")[:-2]]
-    assert (status, texts) == (200, ["The ", "simulator "])
+    chunks = [orjson.loads(event[6:])["choices"][0] for event in body.split(b"\n\n")[:-2]]
+    assert status == 200
+    assert [chunk["text"] for chunk in chunks] == ["The", " simulator "]
+    assert [chunk["logprobs"]["tokens"] for chunk in chunks] == [["The "], ["simulator "]]
+    assert [chunk["logprobs"]["text_offset"] for chunk in chunks] == [[0], [4]]
+    assert [list(chunk["logprobs"]["top_logprobs"][0]) for chunk in chunks] == [["The "], ["simulator "]]
+
+
+async def test_logprobs_name_the_whole_token_that_completed_a_stop_string(autojump_clock: MockClock) -> None:
+    """The text is cut inside "every " and "token " is gone, but both tokens count and
+    their logprobs name them whole, offsets running over the tokens."""
+    status, body = await completion(stop=["y tok"], logprobs=0)
+    choice = orjson.loads(body)["choices"][0]
+    assert (status, choice["text"], choice["stop_reason"]) == (200, "The simulator is running and ever", "y tok")
+    tokens = ["The ", "simulator ", "is ", "running ", "and ", "every ", "token "]
+    assert choice["logprobs"]["tokens"] == tokens
+    assert choice["logprobs"]["text_offset"] == [0, 4, 14, 17, 25, 29, 35]
+
+
+async def test_a_chat_stream_with_logprobs_lags_its_text_not_its_tokens(autojump_clock: MockClock) -> None:
+    """Chat sends a chunk per token with its logprobs even when the text is held back
+    (chat_completion/serving.py:686-700, stream_processor.py:91-92): "Write " shows as
+    "Writ", and the token completing "the" shows the text before the string ("e ") and
+    its logprobs the token, "the "."""
+    status, body = await chat(stop=["the"], logprobs=True, stream=True)
+    chunks = [orjson.loads(event[6:])["choices"][0] for event in body.split(b"\n\n")[1:-2]]
+    assert status == 200
+    assert [chunk["delta"]["content"] for chunk in chunks] == ["Writ", "e "]
+    assert [chunk["logprobs"]["content"][0]["token"] for chunk in chunks] == ["Write ", "the "]
+    assert chunks[1]["logprobs"]["content"][0]["bytes"] == list(b"the ")
 
 
 # --- the planning rules, on plans built by hand -----------------------------------------
@@ -256,6 +286,12 @@ def test_check_stop_strings_order(strings: tuple[str, ...], pieces: tuple[str, .
     """detokenizer.py:345-361: the earliest end wins, ties by list order."""
     turn = stop_turn(text_turn("ab", "cd", "ef"), StopRule(strings))
     assert (turn.pieces, turn.token_ids, turn.finish_reason, turn.stop_reason) == (pieces, (10, 11), "stop", reason)
+    assert turn.token_texts == ("ab", "cd")  # logprobs name the tokens whole
+
+
+def test_a_stop_tokens_logprobs_name_its_text_though_the_text_leaves_it_out() -> None:
+    turn = stop_turn(text_turn("ab", "cd", "ef"), StopRule(token_ids=frozenset({11})))
+    assert (turn.pieces, turn.token_texts, turn.stop_reason) == (("ab", ""), ("ab", "cd"), 11)
 
 
 def test_a_turn_of_tool_calls_is_not_cut() -> None:
@@ -266,6 +302,7 @@ def test_a_turn_of_tool_calls_is_not_cut() -> None:
 def test_hold_back_spreads_the_text_and_keeps_the_token_count() -> None:
     turn = hold_back(text_turn("abc", "de", "f", ""), 2)
     assert turn.pieces == ("a", "bc", "d", "ef")
+    assert turn.token_texts == ("abc", "de", "f", "")
     assert hold_back(turn, 0) is turn
 
 

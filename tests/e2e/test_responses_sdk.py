@@ -98,7 +98,8 @@ async def test_create_streaming(client: openai.AsyncOpenAI) -> None:
     assert deltas and all(event.content_index == 0 and event.output_index == 0 for event in deltas)
     completed = events[-1].response  # type: ignore[union-attr]
     assert completed.output_text == "".join(event.delta for event in deltas)  # type: ignore[union-attr]
-    assert completed.usage is not None and completed.usage.output_tokens == len(deltas)
+    # the EOS token counts, and sends no delta (vllm/entrypoints/openai/responses/context.py:223)
+    assert completed.usage is not None and completed.usage.output_tokens == len(deltas) + 1
 
 
 async def test_stream_helper_final_response(client: openai.AsyncOpenAI) -> None:
@@ -215,7 +216,9 @@ async def test_structured_output_and_logprobs(client: openai.AsyncOpenAI) -> Non
         model=MODEL, input="Hi", max_output_tokens=6, include=["message.output_text.logprobs"], top_logprobs=2
     )
     part = with_logprobs.output[0].content[0]  # type: ignore[union-attr]
-    assert part.logprobs is not None and "".join(lp.token for lp in part.logprobs) == part.text
+    # a finished turn's body lists its EOS token too (responses/serving.py:1031-1043)
+    eos = "<|im_end|>" if with_logprobs.status == "completed" else ""
+    assert part.logprobs is not None and "".join(lp.token for lp in part.logprobs) == part.text + eos
     assert all(len(lp.top_logprobs) == 2 for lp in part.logprobs)
 
 

@@ -18,7 +18,7 @@ import trio.testing
 from llmsim.app import STEP_QUANTUM, Simulator
 from llmsim.config import Config
 from llmsim.engine import Engine, Job, JobState
-from llmsim.engine.scheduler import step_grid
+from llmsim.engine.grid import step_grid
 from llmsim.engine.testing import planned_job, recording_sink, run_until_idle
 
 TTFT, ITL = 0.1, 0.02

@@ -15,11 +15,13 @@ query parameters are validated as FastAPI does (``level``: an integer 0..2, defa
 ``mode``: abort, wait or keep, default abort), in vLLM's 400 envelope.
 
 What happens to requests: new ones wait until the engine is fully awake (see
-:mod:`llmsim.api.admin.sleep`).  Requests already in flight are where llmsim differs:
-vLLM's ``mode=abort`` (the default) ends them at once with ``finish_reason: "abort"``
-and ``mode=keep`` freezes them until wake-up (``vllm/v1/engine/core.py:2181-2223``); the
-simulated engine can do neither yet, so they run to their end.  ``mode=wait`` is vLLM's:
-``POST /sleep`` answers once the requests in flight are done.
+:mod:`llmsim.api.admin.sleep`).  Requests already in flight follow ``mode``, as vLLM's
+``pause_scheduler`` (``vllm/v1/engine/core.py:2181-2223``, :mod:`llmsim.engine.pause`):
+``abort`` (the default) ends every one at once with ``finish_reason: "abort"`` (a stream
+gets its finishing chunk and ends normally); ``wait`` lets the running ones finish, and
+``POST /sleep`` answers once they have (jobs still queued in the engine stay queued);
+``keep`` freezes them until the engine is fully awake, their remaining tokens then come
+on the same schedule, shifted by the time asleep.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from llmsim.api.context import Call
 from llmsim.api.errors import ApiError
 from llmsim.api.router import Router
 from llmsim.api.structure import FieldTypeError, converter, error_input, request_validation_error
+from llmsim.engine.pause import PauseState
 from llmsim.engine.scheduler import Engine
 
 __all__ = ["DRAIN_POLL_INTERVAL", "register"]
@@ -83,8 +86,12 @@ async def sleep(call: Call) -> None:
     state = _sleep_state(call)
     level, mode = _sleep_query(call.request.query)
     state.sleep(level)
+    engine, now = call.ctx.engine, call.ctx.clock()
+    if mode == "abort":
+        engine.abort_all(now)
+    engine.set_pause_state(PauseState.PAUSED_ALL if mode == "keep" else PauseState.PAUSED_NEW, now)
     if mode == "wait":
-        await _drained(call.ctx.engine)
+        await _drained(engine)
     call.respond_json({"status": "sleeping", "level": level})
 
 
@@ -92,6 +99,8 @@ async def wake_up(call: Call) -> None:
     state = _sleep_state(call)
     tags = [value for key, value in parse_qsl(call.request.query, keep_blank_values=True) if key == "tags"]
     fully_awake = state.wake_up(tags or None)
+    if fully_awake:
+        call.ctx.engine.set_pause_state(PauseState.UNPAUSED, call.ctx.clock())
     call.respond_json({"status": "awake" if fully_awake else "sleeping", "tags": tags or None})
 
 
@@ -138,12 +147,10 @@ def _query_error(kind: str, name: str, should_be: str, text: str, **ctx: object)
 
 
 async def _drained(engine: Engine) -> None:
-    """Return once the engine holds no job (vLLM's ``mode=wait``: ``pause_scheduler``
-    completes when the engine has no work left, ``core.py:2196-2223``)."""
-    while True:
-        statistics = engine.statistics()
-        if not statistics.running and not statistics.waiting:
-            return
+    """Return once no job runs (vLLM's ``mode=wait``: ``pause_scheduler`` completes when
+    the engine has no work left, ``core.py:2196-2223``; under PAUSED_NEW queued requests
+    are not work, ``vllm/v1/core/sched/scheduler.py:3147-3155``)."""
+    while engine.statistics().running:
         await trio.sleep(DRAIN_POLL_INTERVAL)
 
 

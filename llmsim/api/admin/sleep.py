@@ -14,8 +14,10 @@ paused, and which memory pools of the executor sleep (``sleeping_tags``, a subse
 While the scheduler is paused, a new request is queued and not scheduled: sleep is not a
 user pause, so ``reject_new_requests`` stays False (``core.py:2225-2233``) and the request
 waits until the engine is fully awake.  llmsim holds such requests at
-:meth:`SleepState.wait_until_resumed`, before their jobs reach the engine, which stays
-unaware of sleep.  Discarding the KV cache on a sleep of level 1 or 2
+:meth:`SleepState.wait_until_resumed`, before their jobs reach the engine.  The requests
+already in flight are the engine's: the routes pause it as ``mode`` asks
+(:mod:`llmsim.engine.pause`) and un-pause it once :meth:`SleepState.wake_up` finds it
+fully awake.  Discarding the KV cache on a sleep of level 1 or 2
 (``clear_prefix_cache = level >= 1``, ``core.py:1007``) is left for the KV-cache model.
 """
 

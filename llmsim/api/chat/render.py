@@ -47,7 +47,7 @@ import attrs
 
 from llmsim.api.errors import ApiError
 from llmsim.api.logprobs_format import ChatLogprobs
-from llmsim.api.plan import Block
+from llmsim.api.plan import Block, stop_reason_of_job
 from llmsim.api.sse import (
     DONE_EVENT,
     chunk_head,
@@ -60,6 +60,7 @@ from llmsim.api.sse import (
 )
 from llmsim.api.usage import ChunkUsage, Usage, UsageStyle
 from llmsim.engine.job import Job, JobState
+from llmsim.model.text import FinishReason
 
 __all__ = ["ChatStreamRenderer", "chat_completion_body"]
 
@@ -80,6 +81,9 @@ _ARGUMENTS_OPEN = b',"function":{"arguments":"'
 _NULL_NAME_ARGUMENTS_OPEN = b',"function":{"name":null,"arguments":"'
 _ARGUMENTS_CLOSE = b'"}}]},"logprobs":'
 _ECHO_CLOSE = b'"},"logprobs":null,"finish_reason":null}]'
+# A choice finished without output (an abort before its first token): the delta is a bare
+# DeltaMessage() (vllm/entrypoints/openai/chat_completion/stream_processor.py:73-75).
+_EMPTY_DELTA = b',"delta":{},"logprobs":'
 #: Chat's usage without --enable-prompt-tokens-details (the routes pass the server's).
 CHAT_USAGE = UsageStyle(prompt_details=False, created_cache_tokens=True)
 _FINISHED = JobState.FINISHED  # a module global: enum member lookups cost on the per-token path
@@ -209,6 +213,8 @@ class ChatStreamRenderer:
             if not pieces:
                 return b""
             return self._token_opens[index] + self._token_joiners[index].join(pieces) + _TOKEN_CLOSE
+        if not job.emitted and job.finish_reason == FinishReason.ABORT:  # vLLM's bare DeltaMessage()
+            return self._choice_heads[index] + _EMPTY_DELTA + b"null" + self._finish_tail(job) + self._finish_end
         body = self._token_joiners[index].join(pieces)
         return self._token_opens[index] + body + _CONTENT_CLOSE + b"null" + self._finish_tail(job) + self._finish_end
 
@@ -216,9 +222,11 @@ class ChatStreamRenderer:
         """One chunk per token, with tool-call deltas, logprobs and usage as asked."""
         index = job.index
         finished = job.state is _FINISHED
-        if finished and stop == start:  # an empty plan: only its finish chunk
-            usage = b"" if self._chunk_usage is None else self._chunk_usage.render(0)
+        if finished and stop == start:  # no token left (an empty plan, an abort): only its finish chunk
+            usage = b"" if self._chunk_usage is None else self._chunk_usage.render(stop)
             close = self._finish_tail(job) + usage + self._finish_end
+            if not stop and job.finish_reason == FinishReason.ABORT:  # vLLM's bare DeltaMessage()
+                return self._choice_heads[index] + _EMPTY_DELTA + b"null" + close
             return self._token_opens[index] + _CONTENT_CLOSE + b"null" + close
         calls = None if self._calls is None else self._calls[index]
         arguments = 0 if calls is None else len(calls.opens)  # later positions: the EOS token
@@ -239,8 +247,9 @@ class ChatStreamRenderer:
 
     def _finish_tail(self, job: Job) -> bytes:
         """The end of the choice of a job's last chunk, after its logprobs: the finish
-        reason and the stop string or token id that ended the choice (serving.py:796-809)."""
-        stop_reason = None if self._stop_reasons is None else self._stop_reasons[job.index]
+        reason and the stop string or token id that ended the choice (serving.py:796-809;
+        none for an abort, which ends it before)."""
+        stop_reason = None if self._stop_reasons is None else stop_reason_of_job(job, self._stop_reasons)
         return _FINISH_OPEN + json_bytes(job.finish_reason) + _STOP_REASON + json_bytes(stop_reason) + _FINISH_CLOSE
 
     def tail(self, jobs: Sequence[Job]) -> bytes:
@@ -282,7 +291,7 @@ def chat_completion_body(
             "message": _message(job, echo, tool_calls[job.index] if tool_calls else (), forced_tool_calls),
             "logprobs": None if logprobs is None else logprobs.of(job),
             "finish_reason": job.finish_reason,
-            "stop_reason": None if stop_reasons is None else stop_reasons[job.index],
+            "stop_reason": None if stop_reasons is None else stop_reason_of_job(job, stop_reasons),
             "token_ids": None,
             "routed_experts": None,
             "weight_versions": None,
@@ -313,7 +322,7 @@ def _message(job: Job, echo: str | None, calls: Sequence[Block], forced: bool) -
     prefix = echo or ""
     message: dict[str, object] = {
         "role": "assistant",
-        "content": (prefix if forced else prefix or None) if calls else prefix + "".join(job.output),
+        "content": (prefix if forced else prefix or None) if calls else prefix + "".join(job.output[: job.emitted]),
         "refusal": None,
         "annotations": None,
         "audio": None,
@@ -324,7 +333,10 @@ def _message(job: Job, echo: str | None, calls: Sequence[Block], forced: bool) -
             {
                 "id": call.call_id,
                 "type": "function",
-                "function": {"name": call.name, "arguments": "".join(job.output[call.start : call.stop])},
+                "function": {
+                    "name": call.name,
+                    "arguments": "".join(job.output[call.start : min(call.stop, job.emitted)]),
+                },
             }
             for call in calls
         ]

@@ -15,13 +15,24 @@ a Hermes-style template does, so they cost tokens too.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
 from llmsim.api.errors import ApiError, validation_error
-from llmsim.api.prompts import MEDIA, prompt_ids, tool_call_text, tools_turn
+from llmsim.api.prompts import (
+    DEFAULT_CHAT_OPTIONS,
+    MEDIA,
+    ChatOptions,
+    chat_options,
+    check_generation_prompt,
+    prompt_ids,
+    template_prompt_ids,
+    tool_call_text,
+    tools_turn,
+)
 from llmsim.api.request_fields import GenerationParams, InputAudio, MediaUrl, check_generation_params
 from llmsim.api.structure import FieldTypeError, converter, structure
 from llmsim.api.structured import ResponseFormat, StructuredOutputsParams
@@ -44,6 +55,9 @@ __all__ = [
     "check_chat_params",
     "last_user_text",
     "parse_chat_request",
+    "request_prompt_ids",
+    "template_messages",
+    "template_tool",
     "tool_definition",
 ]
 
@@ -111,6 +125,21 @@ class ChatCompletionRequest(GenerationParams):
     top_logprobs: int | None = None
     response_format: ResponseFormat | None = None  # vllm/entrypoints/openai/chat_completion/protocol.py:252
     structured_outputs: StructuredOutputsParams | None = None  # ibid. :397
+    # the chat template's fields (ibid. :332-385)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def chat_options(self) -> ChatOptions:
+        """How the prompt is rendered; 400 for a template sent with the request."""
+        return chat_options(
+            add_generation_prompt=self.add_generation_prompt,
+            continue_final_message=self.continue_final_message,
+            chat_template=self.chat_template,
+            chat_template_kwargs=self.chat_template_kwargs,
+        )
 
     @property
     def effective_tool_choice(self) -> ToolChoice:
@@ -219,6 +248,7 @@ def check_chat_params(request: ChatCompletionRequest) -> None:
 
 
 def parse_chat_request(body: dict[str, Any]) -> ChatCompletionRequest:
+    check_generation_prompt(body)
     request = structure(body, ChatCompletionRequest)
     check_generation_params(request)
     check_chat_params(request)
@@ -288,11 +318,98 @@ def tool_definition(tool: ChatTool) -> dict[str, object]:
     return {"type": tool.type, "function": function}
 
 
+def request_prompt_ids(tokenizer: Tokenizer, request: ChatCompletionRequest) -> list[int]:
+    """The prompt token ids of ``request``, with its template options (chat completions and
+    its render endpoint tokenize a request the same way)."""
+    return chat_prompt_ids(
+        tokenizer,
+        request.messages,
+        request.tools,
+        request.chat_options(),
+        add_special_tokens=request.add_special_tokens,
+    )
+
+
 def chat_prompt_ids(
-    tokenizer: Tokenizer, messages: Sequence[ChatMessage], tools: Sequence[ChatTool] | None = None
+    tokenizer: Tokenizer,
+    messages: Sequence[ChatMessage],
+    tools: Sequence[ChatTool] | None = None,
+    options: ChatOptions = DEFAULT_CHAT_OPTIONS,
+    *,
+    add_special_tokens: bool = False,
 ) -> list[int]:
-    """The prompt token ids of a chat request (template applied, generation prompt added)."""
-    return prompt_ids(tokenizer, chat_turns(messages, tools))
+    """The prompt token ids of a chat request: the model's own chat template when the
+    tokenizer came with one, else the built-in rendering of :func:`chat_turns`."""
+    template = tokenizer.chat_template
+    if template is None:
+        return prompt_ids(tokenizer, chat_turns(messages, tools), options, add_special_tokens=add_special_tokens)
+    conversation = template_messages(messages, template.content_format)
+    tool_dicts = None if tools is None else [template_tool(tool) for tool in tools]
+    return template_prompt_ids(
+        tokenizer, template, conversation, tool_dicts, options, add_special_tokens=add_special_tokens
+    )
+
+
+def template_messages(messages: Sequence[ChatMessage], content_format: str) -> list[dict[str, Any]]:
+    """The messages as vLLM hands them to a chat template (``parse_chat_message_content``
+    and ``_postprocess_messages``, ``vllm/renderers/chat_utils/chat_message.py:610-771``):
+    content a string (``"string"`` format: text parts joined with newlines) or a list of
+    parts (``"openai"``), an assistant's tool calls with their arguments as objects, a
+    tool message's ``tool_call_id``."""
+    conversation = []
+    for index, message in enumerate(messages):
+        entry: dict[str, Any] = {"role": message.role, "content": _template_content(message, index, content_format)}
+        if message.role == "assistant" and message.tool_calls:
+            entry["tool_calls"] = [_template_tool_call(call) for call in message.tool_calls]
+        if message.role == "tool" and message.tool_call_id is not None:
+            entry["tool_call_id"] = message.tool_call_id
+        conversation.append(entry)
+    return conversation
+
+
+def _template_content(message: ChatMessage, index: int, content_format: str) -> str | list[dict[str, str]]:
+    content = message.content
+    if content_format == "string" or (message.role == "tool" and not isinstance(content, tuple)):
+        return _message_text(message, index, with_media=True)
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    parts = []
+    for i, part in enumerate(content):
+        text = _part_text(part, f"messages[{index}].content[{i}]")  # checks the part
+        parts.append({"type": "text", "text": text} if part.type == "text" else {"type": _MEDIA_KIND[part.type]})
+    if message.role == "tool" and all(part["type"] == "text" for part in parts):
+        return "\n".join(part["text"] for part in parts)
+    return parts
+
+
+#: A non-text content part's kind as vLLM's ``openai`` content format names it.
+_MEDIA_KIND = {"image_url": "image", "input_audio": "audio", "audio_url": "audio", "video_url": "video"}
+
+
+def _template_tool_call(call: AssistantToolCall) -> dict[str, Any]:
+    """An earlier tool call, its arguments parsed to an object (``{}`` when they are not
+    a JSON object), as vLLM does for templates."""
+    try:
+        arguments = json.loads(call.function.arguments) if call.function.arguments else {}
+    except json.JSONDecodeError:
+        arguments = {}
+    entry: dict[str, Any] = {"id": call.id} if call.id is not None else {}
+    entry["type"] = call.type
+    entry["function"] = {"name": call.function.name, "arguments": arguments if isinstance(arguments, dict) else {}}
+    return entry
+
+
+def template_tool(tool: ChatTool) -> dict[str, Any]:
+    """A tool as vLLM dumps it for the template: ``description`` and ``parameters`` even
+    when null, ``strict`` only when set (``vllm/entrypoints/generate/base/protocol.py:298-313``)."""
+    function = tool.function
+    fields: dict[str, Any] = {"name": function.name, "description": function.description}
+    fields["parameters"] = function.parameters
+    if function.strict is not None:
+        fields["strict"] = function.strict
+    return {"type": tool.type, "function": fields}
 
 
 def last_user_text(messages: Sequence[ChatMessage]) -> str:

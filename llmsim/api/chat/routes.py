@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from llmsim.api.chat.render import ChatStreamRenderer, chat_completion_body
 from llmsim.api.chat.request import (
     ChatCompletionRequest,
     assistant_echo,
-    chat_prompt_ids,
     last_user_text,
     parse_chat_request,
+    request_prompt_ids,
 )
 from llmsim.api.chat.tools import plan_choices, tool_specs
 from llmsim.api.context import ApiContext, Call
@@ -22,13 +24,12 @@ from llmsim.api.plan import (
     PromptPlan,
     StructuredOutput,
     TurnPlan,
-    check_min_tokens,
     output_cap,
     plan_text_choices,
     stop_rule,
 )
 from llmsim.api.prompts import check_context_length
-from llmsim.api.request_fields import token_id_refusal
+from llmsim.api.request_fields import check_sampling_params, token_id_refusal
 from llmsim.api.router import Router
 from llmsim.api.structured import structured_output
 from llmsim.api.usage import ChunkUsage, UsageStyle
@@ -49,19 +50,17 @@ async def chat_completions(call: Call) -> None:
     )
     model = ctx.resolve_model(request.model)
     check_job_count(ctx, request.choices_per_prompt)
-    prompt_ids = chat_prompt_ids(ctx.tokenizer, request.messages, request.tools)
+    prompt_ids = request_prompt_ids(ctx.tokenizer, request)
     max_tokens = request.requested_max_tokens
     check_context_length(
         ctx.model.max_model_len, len(prompt_ids), max_tokens, max_tokens_param=request.max_tokens_param
     )
     cap = output_cap(ctx, len(prompt_ids), max_tokens)
-    check_min_tokens(request.min_tokens or 0, cap)
+    check_sampling_params(request, cap)  # SamplingParams, after the prompt (chat_completion/serving.py:350-380)
     identity = RequestIdentity.of(call, "chatcmpl-", request.request_id)
     echo_text = last_user_text(request.messages)
     calling = bool(tools) and request.effective_tool_choice != "none"
-    turns = _plan_turns(
-        ctx, request, tools if calling else [], identity.request_id, len(prompt_ids), echo_text, structured
-    )
+    turns = _plan_turns(ctx, request, tools if calling else [], identity.request_id, prompt_ids, echo_text, structured)
     plan = GenerationPlan(
         identity.request_id,
         (PromptPlan(prompt_ids, cap),),
@@ -74,7 +73,7 @@ async def chat_completions(call: Call) -> None:
     if request.logprobs:
         top_logprobs, refusal = checked_logprobs(ctx, request.top_logprobs or 0)
         seeds = [choice_seed(ctx.model.seed, identity.request_id, i) for i in range(len(turns))]
-        logprobs = ChatLogprobs(top_logprobs, seeds, ctx.text.eos)
+        logprobs = ChatLogprobs(top_logprobs, seeds, ctx.text.eos, [turn.token_texts for turn in turns])
     refusal = refusal or token_id_refusal(request, ctx.tokenizer.vocab_size)
     created = int(ctx.wall_clock())
     echo = assistant_echo(request.messages) if request.echo else None
@@ -119,7 +118,7 @@ def _plan_turns(
     request: ChatCompletionRequest,
     tools: list[ToolSpec],
     request_id: str,
-    prompt_tokens: int,
+    prompt_ids: Sequence[int],
     echo_text: str,
     structured: StructuredOutput | None,
 ) -> list[TurnPlan]:
@@ -132,13 +131,14 @@ def _plan_turns(
         return plan_text_choices(
             ctx,
             request_id,
-            ((prompt_tokens, echo_text),),
+            ((len(prompt_ids), echo_text),),
             choices_per_prompt=request.choices_per_prompt,
             max_tokens=max_tokens,
             ignore_eos=ignore_eos,
             min_tokens=min_tokens,
             structured=structured,
             stop=stop_rule(request),
+            prompt_ids=(prompt_ids,),
         )
     return plan_choices(
         ctx,
@@ -147,7 +147,7 @@ def _plan_turns(
         request_id=request_id,
         choices=request.choices_per_prompt,
         parallel_tool_calls=request.parallel_tool_calls is not False,
-        prompt_tokens=prompt_tokens,
+        prompt_ids=prompt_ids,
         max_tokens=max_tokens,
         ignore_eos=ignore_eos,
         echo_text=echo_text,

@@ -68,7 +68,7 @@ def plan_choices(
     request_id: str,
     choices: int,
     parallel_tool_calls: bool,
-    prompt_tokens: int,
+    prompt_ids: Sequence[int],
     max_tokens: int | None,
     ignore_eos: bool,
     echo_text: str,
@@ -80,7 +80,7 @@ def plan_choices(
     ``parallel_tool_calls``), or text when the planner chose none (satisfying
     ``structured`` when given, cut at a ``stop`` string or token)."""
     options = ctx.tool_calls
-    cap = output_cap(ctx, prompt_tokens, max_tokens)
+    cap = output_cap(ctx, len(prompt_ids), max_tokens)
     named = isinstance(choice, NamedToolChoice)
     plans = []
     for index in range(choices):
@@ -96,12 +96,13 @@ def plan_choices(
                 ctx,
                 rng,
                 structured,
-                prompt_tokens=prompt_tokens,
+                prompt_tokens=len(prompt_ids),
                 max_tokens=max_tokens,
                 cap=cap,
                 ignore_eos=ignore_eos,
                 echo_text=echo_text,
                 min_tokens=min_tokens,
+                prompt_ids=prompt_ids,
             )
         plans.append(finish_turn(ctx, turn, cap, stop))
     return plans

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 
 from llmsim.api.errors import ApiError
 from llmsim.api.logprobs_format import CompletionLogprobs
+from llmsim.api.plan import stop_reason_of_job
 from llmsim.api.sse import (
     DONE_EVENT,
     chunk_head,
@@ -169,8 +170,8 @@ class CompletionStreamRenderer:
 
     def _finish_close(self, job: Job) -> bytes:
         """A finished job's last chunk, from its finish reason (and the stop string or
-        token id that ended it, serving.py:437-462) to the end of its choice."""
-        stop_reason = None if self._stop_reasons is None else self._stop_reasons[job.index]
+        token id that ended it, serving.py:437-462; none after an abort) to the end of its choice."""
+        stop_reason = None if self._stop_reasons is None else stop_reason_of_job(job, self._stop_reasons)
         return _REASON_KEY + json_bytes(job.finish_reason) + _STOP_REASON + json_bytes(stop_reason) + _CHOICE_REST
 
     def tail(self, jobs: Sequence[Job]) -> bytes:
@@ -204,7 +205,7 @@ def completion_body(
     prompt alone, though usage counts the token generated (serving.py:590-597, 653)."""
 
     def text_of(job: Job) -> str:
-        text = "" if prompt_only else "".join(job.output)
+        text = "" if prompt_only else "".join(job.output[: job.emitted])  # an abort ends it early
         if echo_prompts is None:
             return text
         return echo_prompts[job.index // choices_per_prompt] + text
@@ -215,7 +216,7 @@ def completion_body(
             "text": text_of(job),
             "logprobs": None if logprobs is None else logprobs.of(job, with_output=not prompt_only),
             "finish_reason": job.finish_reason,
-            "stop_reason": None if stop_reasons is None else stop_reasons[job.index],
+            "stop_reason": None if stop_reasons is None else stop_reason_of_job(job, stop_reasons),
             "token_ids": None,
             "prompt_logprobs": None,
             "prompt_token_ids": None,

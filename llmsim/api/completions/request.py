@@ -18,7 +18,7 @@ from llmsim.api.request_fields import GenerationParams, Prompt, check_generation
 from llmsim.api.structure import structure
 from llmsim.api.structured import ResponseFormat, StructuredOutputsParams
 
-__all__ = ["COMPLETIONS_DEFAULT_MAX_TOKENS", "CompletionRequest", "parse_completion_request"]
+__all__ = ["COMPLETIONS_DEFAULT_MAX_TOKENS", "CompletionRequest", "check_suffix", "parse_completion_request"]
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest.max_tokens default
 
@@ -49,8 +49,6 @@ def parse_completion_request(body: dict[str, Any]) -> CompletionRequest:
         # vLLM 0.33 turns an explicit null into the default (completion/protocol.py:451-456)
         body = {**body, "max_tokens": COMPLETIONS_DEFAULT_MAX_TOKENS}
     request = structure(body, CompletionRequest)
-    if request.suffix is not None:
-        raise _suffix_error(request)
     check_generation_params(request)
     # vllm/entrypoints/openai/completion/protocol.py:586-595; the cap (--max-logprobs)
     # is checked as the engine takes the request (api/logprobs_limit.py)
@@ -60,12 +58,15 @@ def parse_completion_request(body: dict[str, Any]) -> CompletionRequest:
     return request
 
 
-def _suffix_error(request: CompletionRequest) -> ApiError:
+def check_suffix(request: CompletionRequest) -> None:
     """vLLM's 400 for ``suffix`` on a model without fill-in-the-middle rendering
     (vllm/renderers/online_renderer.py:614-664; ``create_error_response``, so no
-    `` (parameter=…)`` text)."""
+    `` (parameter=…)`` text).  The renderer checks it first, after the model (404) and
+    the admission (503) checks (completion/serving.py:107-111)."""
+    if request.suffix is None:
+        return
     if request.echo:
-        return ApiError(400, "Echo is unsupported with suffix.", param="suffix")
+        raise ApiError(400, "Echo is unsupported with suffix.", param="suffix")
     if isinstance(request.prompt, str) or (request.prompt and isinstance(request.prompt[0], str)):
-        return ApiError(400, "suffix is only supported for models with FIM completion rendering", param="suffix")
-    return ApiError(400, "suffix requires text prompt input for FIM completion rendering", param="suffix")
+        raise ApiError(400, "suffix is only supported for models with FIM completion rendering", param="suffix")
+    raise ApiError(400, "suffix requires text prompt input for FIM completion rendering", param="suffix")

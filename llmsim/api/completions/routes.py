@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from llmsim.api.completions.render import CompletionStreamRenderer, completion_body
-from llmsim.api.completions.request import CompletionRequest, parse_completion_request
+from llmsim.api.completions.request import CompletionRequest, check_suffix, parse_completion_request
 from llmsim.api.context import ApiContext, Call
 from llmsim.api.errors import JSON_HEADERS, ApiError
 from llmsim.api.failures import check_injected_failure
 from llmsim.api.generation import RequestIdentity, check_job_count, collect, stream
 from llmsim.api.logprobs_format import CompletionLogprobs, EchoedPrompt, choice_seed
 from llmsim.api.logprobs_limit import checked_logprobs
-from llmsim.api.plan import GenerationPlan, PromptPlan, check_min_tokens, output_cap, plan_text_choices, stop_rule
+from llmsim.api.plan import GenerationPlan, PromptPlan, output_cap, plan_text_choices, stop_rule
 from llmsim.api.prompts import CompletionPrompt, check_context_length, completion_prompts
-from llmsim.api.request_fields import token_id_refusal
+from llmsim.api.request_fields import check_sampling_params, token_id_refusal
 from llmsim.api.router import Router
 from llmsim.api.structured import structured_output
 from llmsim.api.usage import ChunkUsage, UsageStyle
@@ -30,6 +30,7 @@ async def completions(call: Call) -> None:
     )
     prompts = completion_prompts(request.prompt, ctx.tokenizer)
     check_job_count(ctx, len(prompts) * request.choices_per_prompt, n=request.choices_per_prompt)
+    check_suffix(request)
     max_tokens = request.requested_max_tokens
     for prompt in prompts:
         check_context_length(ctx.model.max_model_len, len(prompt.token_ids), max_tokens, prompt_is_text=prompt.is_text)
@@ -37,8 +38,8 @@ async def completions(call: Call) -> None:
     if prompt_only:  # vLLM generates one token, unseen (completion/protocol.py:393,416)
         max_tokens = 1
     caps = [output_cap(ctx, len(prompt.token_ids), max_tokens) for prompt in prompts]
-    for cap in caps:
-        check_min_tokens(request.min_tokens or 0, cap)
+    for cap in caps:  # SamplingParams per prompt, once every prompt passed (completion/serving.py:157-176)
+        check_sampling_params(request, cap)
     identity = RequestIdentity.of(call, "cmpl-", request.request_id)
     n = request.choices_per_prompt
     turns = plan_text_choices(
@@ -51,6 +52,7 @@ async def completions(call: Call) -> None:
         min_tokens=request.min_tokens or 0,
         structured=structured,
         stop=stop_rule(request),
+        prompt_ids=[prompt.token_ids for prompt in prompts],
     )
     stop_reasons = [turn.stop_reason for turn in turns]
     plan = GenerationPlan(
@@ -61,7 +63,7 @@ async def completions(call: Call) -> None:
     )
     created = int(ctx.wall_clock())
     echo_prompts = [prompt.text for prompt in prompts] if request.echo else None
-    logprobs, refusal = _logprobs(ctx, request, prompts, identity.request_id, len(turns))
+    logprobs, refusal = _logprobs(ctx, request, prompts, identity.request_id, [turn.token_texts for turn in turns])
     refusal = refusal or token_id_refusal(request, ctx.tokenizer.vocab_size)
     usage_style = UsageStyle(prompt_details=ctx.model.enable_prompt_tokens_details, created_cache_tokens=False)
     if request.streaming:
@@ -102,11 +104,15 @@ async def completions(call: Call) -> None:
 
 
 def _logprobs(
-    ctx: ApiContext, request: CompletionRequest, prompts: list[CompletionPrompt], request_id: str, choices: int
+    ctx: ApiContext,
+    request: CompletionRequest,
+    prompts: list[CompletionPrompt],
+    request_id: str,
+    texts: list[tuple[str, ...]],
 ) -> tuple[CompletionLogprobs | None, ApiError | None]:
     """The request's logprobs, if it asked, and the error refusing them if it asked
     for too many; with ``echo`` the prompts' tokens are listed too, each decoded on
-    its own as vLLM does."""
+    its own as vLLM does; ``texts``: per choice, its tokens' own texts."""
     if request.logprobs is None:
         return None, None
     count, refusal = checked_logprobs(ctx, request.logprobs)
@@ -118,9 +124,9 @@ def _logprobs(
             EchoedPrompt(tuple(decode((token,)) for token in prompt.token_ids), choice_seed(seed, request_id, -1 - i))
             for i, prompt in enumerate(prompts)
         ]
-    seeds = [choice_seed(seed, request_id, index) for index in range(choices)]
+    seeds = [choice_seed(seed, request_id, index) for index in range(len(texts))]
     logprobs = CompletionLogprobs(
-        count, seeds, choices_per_prompt=request.choices_per_prompt, prompts=echoed, eos=ctx.text.eos
+        count, seeds, choices_per_prompt=request.choices_per_prompt, prompts=echoed, eos=ctx.text.eos, texts=texts
     )
     return logprobs, refusal
 

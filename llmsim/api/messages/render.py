@@ -13,6 +13,15 @@ A text block streams ``text_delta`` events; a tool_use block starts with
 Several tool_use blocks follow each other (stop of one, start of the next).  Key order
 and the ``ping`` payload (``{"type": "ping"}``) are the API's own, as captured in the
 anthropic SDK's test fixtures.
+
+The tokens and their timing are vLLM's, whose /v1/messages is its chat endpoint
+underneath (vllm/entrypoints/anthropic/serving.py:632-650): a turn the model ends itself
+ends with its EOS token (:func:`llmsim.api.plan.with_eos`), counted in ``output_tokens``
+(``completion_tokens``, serving.py:97-98), whose empty text sends no delta
+(serving.py:1118-1120), so ``content_block_stop`` and the message's closing events come
+one inter-token latency after the last text.  A stop sequence ends the turn at the token
+completing it, counted (:func:`llmsim.api.plan.stop_turn`); a stream holds back the text
+that could begin one, and a token whose text is all held back sends no delta either.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 from llmsim.api.errors import ApiError, anthropic_error_type
-from llmsim.api.plan import TEXT, TurnPlan
+from llmsim.api.plan import TEXT, TurnPlan, as_emitted
 from llmsim.api.sse import escape, event_bytes, json_bytes
 from llmsim.engine.job import Job, JobState
 from llmsim.model.text import FinishReason
@@ -82,8 +91,17 @@ def content_blocks(plan: TurnPlan) -> list[dict[str, object]]:
     return blocks
 
 
+def _stop(plan: TurnPlan, shell: MessageShell) -> dict[str, str | None]:
+    """``stop_reason`` and ``stop_sequence``: both null for an abort (vLLM maps only
+    ``stop``, ``length`` and ``tool_calls``, vllm/entrypoints/anthropic/serving.py:131-134)."""
+    if plan.finish_reason == FinishReason.ABORT:
+        return {"stop_reason": None, "stop_sequence": None}
+    return {"stop_reason": stop_reason_of(plan, shell.stop_sequence), "stop_sequence": shell.stop_sequence}
+
+
 def message_body(shell: MessageShell, plan: TurnPlan, job: Job) -> bytes:
-    """The non-streaming message object."""
+    """The non-streaming message object (of what was generated, if an abort ended it)."""
+    plan = as_emitted(plan, job.emitted, job.finish_reason)
     return json_bytes(
         {
             "id": shell.message_id,
@@ -91,8 +109,7 @@ def message_body(shell: MessageShell, plan: TurnPlan, job: Job) -> bytes:
             "role": "assistant",
             "content": content_blocks(plan),
             "model": shell.model,
-            "stop_reason": stop_reason_of(plan, shell.stop_sequence),
-            "stop_sequence": shell.stop_sequence,
+            **_stop(plan, shell),
             "usage": usage_object(job),
         }
     )
@@ -127,7 +144,8 @@ class MessagesStreamRenderer:
 
     def render(self, job: Job, start: int, stop: int) -> bytes:
         if start and stop - start == 1 and job.state is not _FINISHED and start not in self._starts:
-            return self._opens[self._block] + escape(job.output[start]) + _DELTA_CLOSE
+            piece = job.output[start]
+            return self._opens[self._block] + escape(piece) + _DELTA_CLOSE if piece else b""
         events = []
         if start == 0:
             events.append(self._message_start(job))
@@ -141,7 +159,9 @@ class MessagesStreamRenderer:
                 events.append(self._block_start(block))
                 events.append(self._first_json_delta(block))
                 self._block = block
-            events.append(self._opens[self._block] + escape(job.output[index]) + _DELTA_CLOSE)
+            piece = job.output[index]
+            if piece:  # an EOS token or held-back text: no delta
+                events.append(self._opens[self._block] + escape(piece) + _DELTA_CLOSE)
         if job.state is _FINISHED:
             events.append(self._block_stop(self._block))
         return b"".join(events)
@@ -150,10 +170,7 @@ class MessagesStreamRenderer:
         job = jobs[0]
         delta = {
             "type": "message_delta",
-            "delta": {
-                "stop_reason": stop_reason_of(self._plan, self._shell.stop_sequence),
-                "stop_sequence": self._shell.stop_sequence,
-            },
+            "delta": _stop(as_emitted(self._plan, job.emitted, job.finish_reason), self._shell),
             "usage": {"output_tokens": job.completion_tokens},
         }
         return _event("message_delta", delta) + _MESSAGE_STOP

@@ -25,7 +25,15 @@ from llmsim.api.messages.request import (
     parse_messages_request,
     tool_choice_of,
 )
-from llmsim.api.plan import GenerationPlan, PromptPlan, cut_at_stop, output_cap, plan_text, plan_tool_calls
+from llmsim.api.plan import (
+    GenerationPlan,
+    PromptPlan,
+    StopRule,
+    finish_turn,
+    output_cap,
+    plan_text,
+    plan_tool_calls,
+)
 from llmsim.api.prompts import check_context_length, prompt_ids
 from llmsim.api.router import ErrorStyle, Router
 from llmsim.api.tool_support import planning_errors
@@ -60,7 +68,6 @@ async def create_message(call: Call) -> None:
         if choice.single:
             planned = planned[:1]
     calls = [(call.name, f"toolu_{request_id}_{i}", call.arguments) for i, call in enumerate(planned)]
-    stop_sequence = None
     if calls:
         plan = plan_tool_calls(ctx, calls, cap)
     else:
@@ -71,8 +78,12 @@ async def create_message(call: Call) -> None:
             max_tokens=request.max_tokens,
             ignore_eos=bool(request.ignore_eos),
             echo_text=last_user_text(request),
+            prompt_ids=prompt,
         )
-        plan, stop_sequence = cut_at_stop(plan, request.stop_sequences or ())
+    # vLLM serves the request as chat with stop=stop_sequences (anthropic/serving.py:643-646),
+    # so its engine ends the turn: at a stop string, else with its EOS token, counted
+    plan = finish_turn(ctx, plan, cap, _stop_rule(request.stop_sequences, request.streaming))
+    stop_sequence = plan.stop_reason if isinstance(plan.stop_reason, str) else None
     shell = MessageShell(identity.response_id, model, stop_sequence)
     generation = GenerationPlan.single(request_id, PromptPlan(prompt, cap), plan)
     if request.streaming:
@@ -80,6 +91,12 @@ async def create_message(call: Call) -> None:
         return
     [job] = await collect(call, generation)
     call.respond(200, message_body(shell, plan, job), (*JSON_HEADERS, *identity.headers))
+
+
+def _stop_rule(stop_sequences: tuple[str, ...] | None, streaming: bool) -> StopRule | None:
+    """The stop strings of a /v1/messages request (empty ones ignored, as ever)."""
+    strings = tuple(sequence for sequence in stop_sequences or () if sequence)
+    return StopRule(strings, streaming=streaming) if strings else None
 
 
 async def count_tokens(call: Call) -> None:

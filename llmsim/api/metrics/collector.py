@@ -1,7 +1,7 @@
 """vLLM 0.33's Prometheus metric families, read from the engine at scrape time.
 
 :class:`VllmCollector` is a ``prometheus_client`` custom collector: every scrape reads
-one :class:`~llmsim.engine.scheduler.EngineStatistics` and one
+one :class:`~llmsim.engine.statistics.EngineStatistics` and one
 :class:`~llmsim.engine.metrics.MetricsSnapshot` and turns them into metric families
 with vLLM's names, help texts, label names and bucket bounds
 (``vllm/v1/metrics/loggers.py:473-1130``).  The request path never touches
@@ -28,7 +28,7 @@ from prometheus_client.utils import floatToGoString
 
 from llmsim.engine.fake_metrics import FakeMetricsSnapshot, LoraInfo
 from llmsim.engine.metrics import ADMISSION_REASONS, HistogramSnapshot, MetricsSnapshot
-from llmsim.engine.scheduler import EngineStatistics
+from llmsim.engine.statistics import EngineStatistics
 
 __all__ = ["CacheInfo", "EngineReading", "VllmCollector"]
 

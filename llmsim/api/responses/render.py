@@ -13,6 +13,17 @@ openai types (as vLLM's pydantic dumps write them).  A text turn::
 A tool turn: ``output_item.added`` (function_call), one
 ``response.function_call_arguments.delta`` per token,
 ``response.function_call_arguments.done``, ``output_item.done``, ``completed``.
+
+A turn the model ends itself ends with its EOS token (:func:`llmsim.api.plan.with_eos`),
+as in vLLM, whose ``SimpleContext`` counts every token id the engine returns, the EOS
+too, in ``output_tokens`` (vllm/entrypoints/openai/responses/context.py:223).  Its
+empty text makes no event and takes no sequence number (``resolve_target_state`` finds
+no content, streaming_events.py:1288-1297; serving.py:1269-1274): the closing events
+go out when the engine emits it, one inter-token latency after the last text.  A
+stream's logprobs are those of its deltas, so the EOS token has none there nor in the
+final response built from them (serving.py:860-861, streaming_events.py:893-919);
+a non-streaming body lists it, named as the tokenizer names it (serving.py:1031-1043,
+978-1013).  ``response.output_text.done`` carries ``logprobs: []`` (streaming_events.py:916).
 ``output_index`` and ``content_index`` are 0: a turn has one item with one part.  A
 turn cut by the output cap (finish ``length``) ends as vLLM 0.33 ends it: its item and
 the response have status ``incomplete``, the response ``incomplete_details: {"reason":
@@ -36,7 +47,7 @@ import orjson
 
 from llmsim.api.chat.tools import tool_call_id
 from llmsim.api.errors import ApiError
-from llmsim.api.plan import TEXT, Block, TurnPlan
+from llmsim.api.plan import TEXT, Block, TurnPlan, as_emitted
 from llmsim.api.sse import escape, event_bytes, json_bytes
 from llmsim.engine.job import Job, JobState
 from llmsim.model.logprobs import synthesize_logprobs, token_bytes
@@ -162,20 +173,32 @@ class TokenLogprobs:
     final part's carry ``bytes`` too.
     """
 
-    def __init__(self, top_n: int, seed: int) -> None:
+    def __init__(self, top_n: int, seed: int, eos: str) -> None:
         self._top_n = top_n
         self._seed = seed
+        self._eos = eos  # how logprobs name the EOS token
 
-    def delta(self, pieces: Sequence[str], index: int) -> bytes:
-        """The ``logprobs`` array of token ``index``'s delta event."""
+    def delta(self, tokens: Sequence[str], index: int) -> bytes:
+        """The ``logprobs`` array of token ``index``'s delta event (``tokens``: the
+        turn's whole tokens)."""
         (value,) = synthesize_logprobs(
-            pieces[index : index + 1], top_n=self._top_n, position_offset=index, seed=self._seed
+            tokens[index : index + 1], top_n=self._top_n, position_offset=index, seed=self._seed
         )
         top = [{"token": token, "logprob": logprob} for token, logprob in value.top]
         return orjson.dumps([{"token": value.token, "logprob": value.logprob, "top_logprobs": top}])
 
-    def full(self, pieces: Sequence[str]) -> list[dict[str, object]]:
-        """The ``logprobs`` of a finished ``output_text`` part."""
+    def full(self, plan: TurnPlan, *, streamed: bool) -> list[dict[str, object]]:
+        """The ``logprobs`` of a finished ``output_text`` part, each naming its whole
+        token: one per token and the EOS token's; or, ``streamed``, its deltas' ones
+        only (no EOS, no token whose text a stop string held back)."""
+        block = plan.blocks[0]
+        tokens = plan.token_texts[block.start : block.stop]
+        if plan.ends_with_eos and not streamed:
+            tokens = (*tokens, self._eos)
+        values = synthesize_logprobs(tokens, top_n=self._top_n, seed=self._seed)
+        if streamed:
+            pieces = plan.pieces[block.start : block.stop]
+            values = [value for value, piece in zip(values, pieces, strict=True) if piece]
         return [
             {
                 "token": value.token,
@@ -183,7 +206,7 @@ class TokenLogprobs:
                 "logprob": value.logprob,
                 "top_logprobs": [{"token": t, "bytes": list(token_bytes(t)), "logprob": lp} for t, lp in value.top],
             }
-            for value in synthesize_logprobs(pieces, top_n=self._top_n, seed=self._seed)
+            for value in values
         ]
 
 
@@ -231,21 +254,27 @@ def _function_item(ids: TurnIds, block: Block, arguments: str, status: str) -> d
     }
 
 
-def output_items(plan: TurnPlan, ids: TurnIds, logprobs: TokenLogprobs | None) -> list[dict[str, object]]:
+def output_items(
+    plan: TurnPlan, ids: TurnIds, logprobs: TokenLogprobs | None, *, streamed: bool
+) -> list[dict[str, object]]:
     """The output of a finished turn: one message, or one function_call."""
     block = plan.blocks[0]
     status = _status(plan)
     if block.kind == TEXT:
-        lp = logprobs.full(plan.pieces[block.start : block.stop]) if logprobs is not None else None
+        lp = logprobs.full(plan, streamed=streamed) if logprobs is not None else None
         return [_message_item(ids, plan.block_text(block), status, lp)]
     return [_function_item(ids, block, plan.block_text(block), status)]
 
 
 def final_response(
-    shell: ResponseShell, plan: TurnPlan, ids: TurnIds, job: Job, logprobs: TokenLogprobs | None
+    shell: ResponseShell, plan: TurnPlan, ids: TurnIds, job: Job, logprobs: TokenLogprobs | None, *, streamed: bool
 ) -> dict[str, object]:
-    """The response object of a finished turn (non-streaming body, the last event, the store)."""
-    return shell.response(status=_status(plan), output=output_items(plan, ids, logprobs), usage=usage_object(job))
+    """The response object of a finished turn (non-streaming body, the last event, the store).
+    An abort ends it ``completed`` with what was generated: vLLM's ``SimpleContext``
+    marks only ``length`` (vllm/entrypoints/openai/responses/serving.py:791-795,856-859)."""
+    plan = as_emitted(plan, job.emitted, job.finish_reason)
+    output = output_items(plan, ids, logprobs, streamed=streamed)
+    return shell.response(status=_status(plan), output=output, usage=usage_object(job))
 
 
 def _event(event_type: str, fields: bytes, sequence: int) -> bytes:
@@ -308,21 +337,25 @@ class ResponsesStreamRenderer:
 
     def render(self, job: Job, start: int, stop: int) -> bytes:
         if start and stop - start == 1 and job.state is not _FINISHED and self._plain:  # the common case
+            piece = job.output[start]
+            if not piece:
+                return self._skip()
             sequence = self._base + start
             number = _SEQUENCE[sequence] if sequence < _SEQUENCE_CACHED else str(sequence).encode()
-            return self._delta_open + escape(job.output[start]) + self._delta_fixed + number + self._delta_close
+            return self._delta_open + escape(piece) + self._delta_fixed + number + self._delta_close
         events = []
         if start == 0:
             self._job = job
             events.append(self._opening())
-        events.extend(self._delta(job, i) for i in range(start, stop))
+        events.extend(self._delta(job, i) if job.output[i] else self._skip() for i in range(start, stop))
         if job.state is _FINISHED:
+            self._plan = as_emitted(self._plan, job.emitted, job.finish_reason)  # an abort: what was sent
             events.append(self._closing(job))
             self._job = None  # error() needs it no more, and job -> sink -> self would be a reference cycle
         return b"".join(events)
 
     def tail(self, jobs: Sequence[Job]) -> bytes:
-        self.final = final_response(self._shell, self._plan, self._ids, jobs[0], self._logprobs)
+        self.final = final_response(self._shell, self._plan, self._ids, jobs[0], self._logprobs, streamed=True)
         terminal = "response.incomplete" if self._plan.truncated else "response.completed"
         return _event(terminal, b'"response":' + json_bytes(self.final), self._next)
 
@@ -343,11 +376,17 @@ class ResponsesStreamRenderer:
 
     # --- events ----------------------------------------------------------------------------
 
+    def _skip(self) -> bytes:
+        """No event for a token of empty text (the EOS): the deltas after it, and the
+        closing events, number one lower."""
+        self._base -= 1
+        return b""
+
     def _delta(self, job: Job, index: int) -> bytes:
         if self._logprobs is None or not self._text:
             middle = self._delta_fixed
         else:
-            middle = self._delta_lp + self._logprobs.delta(job.output, index) + self._delta_seq
+            middle = self._delta_lp + self._logprobs.delta(self._plan.token_texts, index) + self._delta_seq
         sequence = self._base + index
         number = _SEQUENCE[sequence] if sequence < _SEQUENCE_CACHED else str(sequence).encode()
         return self._delta_open + escape(job.output[index]) + middle + number + self._delta_close
@@ -376,20 +415,17 @@ class ResponsesStreamRenderer:
 
     def _closing(self, job: Job) -> bytes:
         plan, ids = self._plan, self._ids
-        [item] = output_items(plan, ids, self._logprobs)
+        [item] = output_items(plan, ids, self._logprobs, streamed=True)
         text = plan.block_text(self._block)
-        seq = self._base + len(job.output)
+        seq = self._base + job.emitted
         events = []
         if self._text:
             item_id = json_bytes(ids.message_id)
             part = item["content"][0]  # type: ignore[index]
-            logprobs = part["logprobs"] or []
             data = (  # "text" sorts after "sequence_number" in this event
                 b'{"content_index":0,"item_id":'
                 + item_id
-                + b',"logprobs":'
-                + json_bytes(logprobs)
-                + b',"output_index":0,"sequence_number":'
+                + b',"logprobs":[],"output_index":0,"sequence_number":'
                 + str(seq).encode()
                 + b',"text":'
                 + json_bytes(text)

@@ -136,6 +136,7 @@ class ResponsesRequest(SamplingFields):
     previous_response_id: str | None = None
     background: bool | None = None
     ignore_eos: bool | None = None
+    include_stop_str_in_output: bool | None = None  # vllm/entrypoints/openai/responses/protocol.py:306
     parallel_tool_calls: bool | None = None
     max_tool_calls: int | None = None
     user: str | None = None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from typing import Any
 
 from llmsim.api.context import ApiContext, Call
@@ -26,7 +27,9 @@ from llmsim.api.plan import (
     TEXT,
     GenerationPlan,
     PromptPlan,
+    StopRule,
     TurnPlan,
+    finish_turn,
     output_cap,
     plan_fixed_text,
     plan_text,
@@ -116,12 +119,14 @@ async def create_response(call: Call) -> None:
         assert call_plan is not None  # tools present, choice not "none"
         plan = plan_tool_calls(ctx, [(call_plan.name, ids.call_id, call_plan.arguments)], cap)
     else:
-        plan = _plan_message(
-            ctx, request, fmt.type, fmt.schema, len(prompt), cap, request_id, conversation.last_user_text
-        )
+        plan = _plan_message(ctx, request, fmt.type, fmt.schema, prompt, cap, request_id, conversation.last_user_text)
+    # the engine ends any turn the model finishes (text, text.format JSON, a function
+    # call) with its EOS token, which usage counts (responses/context.py:223), or a text
+    # at its stop strings and stop tokens (protocol.py:618-652)
+    plan = finish_turn(ctx, plan, cap, _stop_rule(request))
     logprobs = None
     if request.wants_logprobs and plan.blocks[0].kind == TEXT:
-        logprobs = TokenLogprobs(top_logprobs, choice_seed(ctx.model.seed, request_id, 0))
+        logprobs = TokenLogprobs(top_logprobs, choice_seed(ctx.model.seed, request_id, 0), ctx.text.eos.text)
 
     shell = ResponseShell(
         response_id=identity.response_id,
@@ -156,7 +161,7 @@ async def create_response(call: Call) -> None:
         response_body = json_bytes(final)
     else:
         [job] = await collect(call, generation)
-        response_body = json_bytes(final_response(shell, plan, ids, job, logprobs))
+        response_body = json_bytes(final_response(shell, plan, ids, job, logprobs, streamed=False))
         call.respond(200, response_body, (*JSON_HEADERS, *identity.headers))
     if storing:
         said = _output_turn(plan, ids.call_id)
@@ -226,12 +231,14 @@ def _plan_message(
     request: ResponsesRequest,
     format_type: str,
     schema: Any,
-    prompt_tokens: int,
+    prompt_ids: Sequence[int],
     cap: int,
     request_id: str,
     echo_text: str,
 ) -> TurnPlan:
-    """The text of a message turn: random/echo text, or JSON for ``text.format``."""
+    """The text of a message turn: random/echo text (or the dataset's answer to
+    ``prompt_ids``), or JSON for ``text.format``."""
+    prompt_tokens = len(prompt_ids)
     rng = ctx.rng_for(request_id)
     if format_type == "json_schema":
         with planning_errors():
@@ -251,6 +258,21 @@ def _plan_message(
         max_tokens=request.max_output_tokens,
         ignore_eos=ignore_eos,
         echo_text=echo_text,
+        prompt_ids=prompt_ids,
+    )
+
+
+def _stop_rule(request: ResponsesRequest) -> StopRule | None:
+    """vLLM's ``stop``, ``stop_token_ids`` and ``include_stop_str_in_output`` on
+    /v1/responses, as on chat (no ``min_tokens`` there)."""
+    strings = (request.stop,) if isinstance(request.stop, str) else request.stop or ()
+    if not strings and not request.stop_token_ids:
+        return None
+    return StopRule(
+        strings,
+        frozenset(request.stop_token_ids or ()),
+        bool(request.include_stop_str_in_output),
+        streaming=request.streaming,
     )
 
 

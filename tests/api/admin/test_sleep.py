@@ -9,14 +9,18 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 import trio
 import trio.testing
 from trio.testing import MockClock
 
 from llmsim.api.admin import SleepState
+from llmsim.api.admin.routes import DRAIN_POLL_INTERVAL
+from llmsim.api.http import HttpRequest
+from llmsim.app import Simulator
 from llmsim.testing import open_simulator
-from tests.api.fakes import FakeResponse, post, running
+from tests.api.fakes import FakeResponse, post, running, sse_payloads
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 
@@ -194,11 +198,15 @@ async def test_a_held_request_never_reaches_the_engine_and_can_leave(autojump_cl
     assert (after.submitted, after.finished, held.status) == (1, 1, 200)
 
 
-async def test_requests_in_flight_run_to_their_end(autojump_clock: MockClock) -> None:
-    """vLLM's default ``mode=abort`` would end them with ``finish_reason: "abort"``; the
-    simulated engine cannot end a job early yet, so they finish (documented)."""
+@pytest.mark.parametrize("backend", ["native", "hypercorn"])
+async def test_mode_abort_ends_a_stream_in_flight_with_finish_reason_abort(
+    backend: str, autojump_clock: MockClock
+) -> None:
+    """vLLM's default ``mode=abort`` ends every request in flight (core.py:2209-2213): the
+    stream gets a finishing chunk with no new text and ``finish_reason: "abort"``
+    (chat_completion/serving.py:796-813; completion/serving.py:437-462), then ends as usual."""
     order: list[str] = []
-    async with serving(inter_token_latency=0.005) as client:
+    async with serving(server=backend, inter_token_latency=0.005) as client:
         body = {"prompt": "hi", "max_tokens": 40, "ignore_eos": True, "stream": True}
         async with client.stream("POST", "/v1/completions", json=body) as response:
             lines = response.aiter_lines()
@@ -208,7 +216,212 @@ async def test_requests_in_flight_run_to_their_end(autojump_clock: MockClock) ->
             rest = [line async for line in lines if line]
             order.append("stream end")
     assert order == ["slept", "stream end"]
-    assert rest[-1] == "data: [DONE]" and '"finish_reason":"length"' in rest[-2]
+    assert rest[-1] == "data: [DONE]"
+    assert '"text":"","logprobs":null,"finish_reason":"abort","stop_reason":null' in rest[-2]
+    assert len(rest) < 40
+
+
+LATENCY = {"enable_sleep_mode": True, "time_to_first_token": 0.1, "inter_token_latency": 0.02, "seed": 1}
+LONG = {"max_tokens": 50, "ignore_eos": True}
+#: Requests posted at 0 get tokens at 0.1, 0.12, 0.14...: three are out at 0.15.
+THREE_TOKENS_OUT = 0.15
+
+
+async def admin(sim: Simulator, path: str, query: str = "") -> FakeResponse:
+    response = FakeResponse()
+    await sim.app.handle(HttpRequest("POST", path, query=query), response)
+    assert response.status == 200, response.body
+    return response
+
+
+async def test_mode_abort_ends_a_chat_stream_with_vllms_last_chunk(autojump_clock: MockClock) -> None:
+    """The abort output has no text: without a parser the delta is ``{"content": ""}``
+    (chat_completion/stream_processor.py:91-92), with the finish reason as the engine
+    gives it (``resolve_finish_reason`` leaves ``abort`` alone)."""
+    stream = FakeResponse()
+    async with running(**LATENCY) as sim, trio.open_nursery() as nursery:
+        start = trio.current_time()
+        nursery.start_soon(post, sim, "/v1/chat/completions", {**CHAT, **LONG, "stream": True}, (), stream)
+        await trio.sleep_until(start + THREE_TOKENS_OUT)
+        await admin(sim, "/sleep", "mode=abort")
+    payloads = sse_payloads(stream.body)
+    assert payloads[-1] == "[DONE]"
+    assert len(payloads) == 1 + 3 + 1 + 1  # role, three tokens, the abort chunk, [DONE]
+    assert all(list(payload["choices"][0]["delta"]) == ["content"] for payload in payloads[1:-2])
+    assert payloads[-2]["choices"] == [
+        {
+            "index": 0,
+            "delta": {"content": ""},
+            "logprobs": None,
+            "finish_reason": "abort",
+            "stop_reason": None,
+            "token_ids": None,
+            "weight_versions": None,
+        }
+    ]
+
+
+async def test_mode_abort_before_the_first_token_sends_the_role_and_an_empty_delta(autojump_clock: MockClock) -> None:
+    """Finished without output: vLLM sends the role chunk, then a bare ``DeltaMessage()``
+    (chat_completion/stream_processor.py:73-75)."""
+    stream = FakeResponse()
+    async with running(**LATENCY) as sim, trio.open_nursery() as nursery:
+        start = trio.current_time()
+        nursery.start_soon(post, sim, "/v1/chat/completions", {**CHAT, **LONG, "stream": True}, (), stream)
+        await trio.sleep_until(start + 0.05)
+        await admin(sim, "/sleep")
+    payloads = sse_payloads(stream.body)
+    assert [payload["choices"][0]["delta"] for payload in payloads[:-1]] == [{"role": "assistant", "content": ""}, {}]
+    assert payloads[-2]["choices"][0]["finish_reason"] == "abort"
+
+
+def _events(body: bytes) -> list[tuple[str, Any]]:
+    """``(name, data)`` of each ``event:`` + ``data:`` event."""
+    events = []
+    for event in body.decode().split("\n\n")[:-1]:
+        name, data = event.split("\n", 1)
+        events.append((name.removeprefix("event: "), orjson.loads(data.removeprefix("data: "))))
+    return events
+
+
+async def test_mode_abort_ends_responses_and_messages_streams(autojump_clock: MockClock) -> None:
+    """Responses: the item closes ``completed`` with the text sent, then
+    ``response.completed`` (``response_item_status`` marks only ``length``,
+    responses/utils.py:103-107).  Messages: ``message_delta`` with ``stop_reason`` null."""
+    streams = {"/v1/responses": FakeResponse(), "/v1/messages": FakeResponse()}
+    async with running(**LATENCY) as sim, trio.open_nursery() as nursery:
+        start = trio.current_time()
+        for path, stream in streams.items():
+            nursery.start_soon(post, sim, path, {**GENERATING[path], "stream": True}, (), stream)
+        await trio.sleep_until(start + THREE_TOKENS_OUT)
+        await admin(sim, "/sleep")
+    responses = _events(streams["/v1/responses"].body)
+    deltas = "".join(data["delta"] for name, data in responses if name == "response.output_text.delta")
+    done = {name: data for name, data in responses}
+    assert responses[-1][0] == "response.completed"
+    assert done["response.output_text.done"]["text"] == deltas != ""
+    assert done["response.output_item.done"]["item"]["status"] == "completed"
+    assert responses[-1][1]["response"]["usage"]["output_tokens"] == 3
+    assert [data["sequence_number"] for _, data in responses] == list(range(len(responses)))
+    messages = _events(streams["/v1/messages"].body)
+    assert [name for name, _ in messages[-3:]] == ["content_block_stop", "message_delta", "message_stop"]
+    assert messages[-2][1]["delta"] == {"stop_reason": None, "stop_sequence": None}
+    assert messages[-2][1]["usage"] == {"output_tokens": 3}
+
+
+async def _aborted_bodies(sim: Simulator, requests: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Post each request (not streaming), abort them all once three tokens are out, and
+    answer each complete response's JSON."""
+    responses = {path: FakeResponse() for path in requests}
+    headers = ((b"x-request-id", b"fixed"),)
+    async with trio.open_nursery() as nursery:
+        start = trio.current_time()
+        for path, body in requests.items():
+            nursery.start_soon(post, sim, path, body, headers, responses[path])
+        await trio.sleep_until(start + THREE_TOKENS_OUT)
+        await admin(sim, "/sleep", "mode=abort&level=0")
+    assert all(response.status == 200 for response in responses.values())
+    return {path: response.json() for path, response in responses.items()}
+
+
+async def _full_bodies(sim: Simulator, requests: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    headers = ((b"x-request-id", b"fixed"),)
+    return {path: (await post(sim, path, body, headers)).json() for path, body in requests.items()}
+
+
+GENERATING = {
+    "/v1/chat/completions": {**CHAT, **LONG},
+    "/v1/completions": {"prompt": "hi", **LONG},
+    "/v1/responses": {"input": "hi", "max_output_tokens": 50},
+    "/v1/messages": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 50},
+}
+
+
+async def test_mode_abort_answers_complete_responses_with_what_was_generated(autojump_clock: MockClock) -> None:
+    """Each family renders the abort as vLLM does: chat and completions say
+    ``finish_reason: "abort"``; responses is ``completed`` (SimpleContext marks only
+    ``length``, responses/serving.py:791-795,856-859); messages has ``stop_reason``
+    null (anthropic/serving.py:131-134).  The text is the three tokens generated."""
+    async with running(**LATENCY) as sim:
+        aborted = await _aborted_bodies(sim, GENERATING)
+        await admin(sim, "/wake_up")
+        full = await _full_bodies(sim, GENERATING)
+
+    chat, completion = aborted["/v1/chat/completions"], aborted["/v1/completions"]
+    assert chat["choices"][0]["finish_reason"] == completion["choices"][0]["finish_reason"] == "abort"
+    assert chat["usage"]["completion_tokens"] == completion["usage"]["completion_tokens"] == 3
+    response, message = aborted["/v1/responses"], aborted["/v1/messages"]
+    assert (response["status"], response["usage"]["output_tokens"]) == ("completed", 3)
+    assert response["output"][0]["status"] == "completed"
+    assert (message["stop_reason"], message["stop_sequence"], message["usage"]["output_tokens"]) == (None, None, 3)
+    texts = {
+        "/v1/chat/completions": lambda body: body["choices"][0]["message"]["content"],
+        "/v1/completions": lambda body: body["choices"][0]["text"],
+        "/v1/responses": lambda body: body["output"][0]["content"][0]["text"],
+        "/v1/messages": lambda body: body["content"][0]["text"],
+    }
+    for path, text in texts.items():
+        cut, whole = text(aborted[path]), text(full[path])
+        assert cut and whole.startswith(cut) and len(cut) < len(whole), path
+
+
+async def test_aborted_requests_count_as_finished_with_reason_abort(autojump_clock: MockClock) -> None:
+    """vLLM counts an engine-side abort in ``request_success{finished_reason="abort"}``
+    (output_processor.py:868-887, loggers.py:1289-1292): the running request and the one
+    waiting for its slot both."""
+    async with running(**LATENCY, max_num_seqs=1) as sim:
+        await _aborted_bodies(
+            sim, {"/v1/completions": {"prompt": "hi", **LONG}, "/v1/chat/completions": {**CHAT, **LONG}}
+        )
+        scrape = FakeResponse()
+        await sim.app.handle(HttpRequest("GET", "/metrics"), scrape)
+    lines = scrape.body.decode().splitlines()
+    (abort,) = [line for line in lines if line.startswith("vllm:request_success_total") and '"abort"' in line]
+    assert abort.endswith(" 2.0")
+
+
+async def test_mode_keep_freezes_requests_in_flight_until_fully_awake(autojump_clock: MockClock) -> None:
+    """``mode=keep`` pauses everything (PAUSED_ALL, scheduler.py:723-725); the requests go
+    on once the engine is fully awake, on their schedule shifted by the time asleep."""
+    stream = FakeResponse()
+    async with running(**LATENCY) as sim, trio.open_nursery() as nursery:
+        start = trio.current_time()
+        nursery.start_soon(post, sim, "/v1/completions", {"prompt": "hi", **LONG, "stream": True}, (), stream)
+        await trio.sleep_until(start + THREE_TOKENS_OUT)
+        await admin(sim, "/sleep", "mode=keep")
+        await trio.sleep_until(start + 10)
+        frozen = len(stream.writes)
+        await admin(sim, "/wake_up", "tags=weights")  # kv_cache still asleep: still frozen
+        await trio.sleep_until(start + 20)
+        still_frozen = len(stream.writes)
+        await admin(sim, "/wake_up", "tags=kv_cache")
+    times = [when - start for when, _ in stream.writes]
+    assert frozen == still_frozen == 3
+    assert times[3] == pytest.approx(0.16 + 20 - THREE_TOKENS_OUT, abs=0.003)  # due at 0.16, 19.85 s asleep
+    payloads = sse_payloads(stream.body)
+    assert payloads[-2]["choices"][0]["finish_reason"] == "length"
+    assert sum(1 for payload in payloads[:-1] if payload["choices"]) == 50
+
+
+async def test_mode_wait_leaves_queued_requests_queued(autojump_clock: MockClock) -> None:
+    """Under PAUSED_NEW only running requests are scheduled (scheduler.py:1049-1066): the
+    request waiting for the one slot starts only after the wake-up."""
+    first, second = FakeResponse(), FakeResponse()
+    async with running(**LATENCY, max_num_seqs=1) as sim, trio.open_nursery() as nursery:
+        start = trio.current_time()
+        body = {"prompt": "hi", "max_tokens": 3, "ignore_eos": True}
+        nursery.start_soon(post, sim, "/v1/completions", body, (), first)
+        await trio.sleep_until(start + 0.001)  # first takes the one slot
+        nursery.start_soon(post, sim, "/v1/completions", body, (), second)
+        await trio.sleep_until(start + 0.01)
+        await admin(sim, "/sleep", "mode=wait")
+        slept_at = trio.current_time() - start
+        await trio.sleep_until(start + 5)
+        held = second.status
+        await admin(sim, "/wake_up")
+    assert 0.14 <= slept_at <= 0.14 + DRAIN_POLL_INTERVAL + 0.001  # the first request's last token, polled
+    assert (first.status, held, second.status) == (200, None, 200)
+    assert second.writes[0][0] - start == pytest.approx(5.14, abs=0.003)
 
 
 async def test_mode_wait_answers_once_the_requests_in_flight_are_done(autojump_clock: MockClock) -> None:

@@ -117,6 +117,23 @@ async def test_schema_output_ends_with_its_eos_token_counted_in_usage(autojump_c
     assert chunks[-1]["usage"]["completion_tokens"] == len(token_chunks)
 
 
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+async def test_a_complete_structure_ends_before_min_tokens(path: str, autojump_clock: MockClock) -> None:
+    """vLLM 0.33 lifts ``min_tokens``' ban on the EOS token when the grammar allows
+    nothing else (``MinTokensLogitsProcessor``, vllm/v1/sample/logits_processor/
+    builtin.py:253-277), and the scheduler stops on EOS before it looks at min_tokens
+    (vllm/v1/core/sched/utils.py:103-105, 122-127): the completed choice wins, so the
+    answer ends with its EOS token well short of ``min_tokens``."""
+    build = chat if path == CHAT else completion
+    body = build(structured_outputs={"choice": ["yes", "no"]}, min_tokens=50, max_tokens=60)
+    async with running() as sim:
+        response = await post(sim, path, body)
+    choice = response.json()["choices"][0]
+    text = choice["message"]["content"] if path == CHAT else choice["text"]
+    assert (text in ("yes", "no"), choice["finish_reason"]) == (True, "stop")
+    assert response.json()["usage"]["completion_tokens"] == 2  # the choice's one token and the EOS
+
+
 async def test_output_cut_at_max_tokens_finishes_length(autojump_clock: MockClock) -> None:
     body = chat(response_format=JSON_SCHEMA_FORMAT, max_tokens=3)
     async with running() as sim:

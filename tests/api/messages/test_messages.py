@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import jsonschema
+import orjson
 import pytest
 import trio
 from trio.testing import MockClock
@@ -154,13 +155,24 @@ async def test_tool_choice_rules(autojump_clock: MockClock) -> None:
 
 
 async def test_stop_sequences_cut_the_text(autojump_clock: MockClock) -> None:
+    """vLLM passes ``stop_sequences`` to chat as ``stop`` (anthropic/serving.py:643-646):
+    the echoed "one", " two", " STOP", " three" stop at the token completing "STOP", which
+    counts (3 output tokens; 5 without a stop: 4 and the EOS); a stream holds back 3
+    characters while "STOP" could be forming, and a token whose text is all held back
+    sends no delta (serving.py:1118-1120)."""
     async with running(mode="echo") as sim:
         body = message(messages=[{"role": "user", "content": "one two STOP three"}], stop_sequences=["STOP", "zzz"])
         response = (await post(sim, PATH, body)).json()
         streamed = await post(sim, PATH, {**body, "stream": True})
+        unstopped = (await post(sim, PATH, {**body, "stop_sequences": ["zzz"]})).json()
     assert response["content"][0]["text"] == "one two "
     assert (response["stop_reason"], response["stop_sequence"]) == ("stop_sequence", "STOP")
-    assert b'"delta":{"stop_reason":"stop_sequence","stop_sequence":"STOP"}' in streamed.body
+    assert response["usage"]["output_tokens"] == 3 and unstopped["usage"]["output_tokens"] == 5
+    assert (
+        b'"delta":{"stop_reason":"stop_sequence","stop_sequence":"STOP"},"usage":{"output_tokens":3}' in streamed.body
+    )
+    texts = [line for line in streamed.body.split(b"\n") if b'"text_delta"' in line]
+    assert [orjson.loads(line[6:])["delta"]["text"] for line in texts] == ["o", "ne t", "wo "]
 
 
 async def test_count_tokens_matches_usage_and_history_counts(autojump_clock: MockClock) -> None:

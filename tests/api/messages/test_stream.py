@@ -126,3 +126,34 @@ def test_in_band_error_event() -> None:
         b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}\n\n'
     )
     assert run.response.ended
+
+
+def test_the_eos_token_sends_no_delta_and_the_message_closes_one_itl_later() -> None:
+    """vLLM's /v1/messages is chat underneath: the EOS chunk's empty content makes no
+    ``content_block_delta`` (anthropic/serving.py:1118-1120), the block stop and the
+    message's closing events come with the stream's end, one ITL after the last text
+    (serving.py:1056-1080), and ``output_tokens`` is chat's ``completion_tokens``, EOS
+    included (serving.py:97-98)."""
+    plan = TurnPlan(("Hello", "!", ""), (1, 2, 151645), "stop", (Block(TEXT, 0, 2),))
+    run, job = run_stream(plan)
+    assert run.writes_at() == {
+        0.1: START + block_start(0, b'{"type":"text","text":""}') + PING + delta(0, b"text_delta", b"text", b"Hello"),
+        0.11: delta(0, b"text_delta", b"text", b"!"),
+        0.12: block_stop(0) + message_delta(b'"end_turn"', 3) + STOP,
+    }
+    assert message_body(SHELL, plan, job) == (
+        b'{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"text","text":"Hello!"}],'
+        b'"model":"m","stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":3,'
+        b'"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":3}}'
+    )
+
+
+def test_held_back_text_sends_no_delta() -> None:
+    """A stop sequence's hold-back leaves some tokens without text: no delta for them
+    (anthropic/serving.py:1118-1120); the text they held comes with a later token."""
+    plan = TurnPlan(("ab", "", "cd"), (1, 2, 3), "length", (Block(TEXT, 0, 3),))
+    run, _ = run_stream(plan)
+    assert run.writes_at() == {
+        0.1: START + block_start(0, b'{"type":"text","text":""}') + PING + delta(0, b"text_delta", b"text", b"ab"),
+        0.12: delta(0, b"text_delta", b"text", b"cd") + block_stop(0) + message_delta(b'"max_tokens"', 3) + STOP,
+    }

@@ -7,6 +7,7 @@ clock, so every latency is the configured one.
 from __future__ import annotations
 
 import gzip
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -330,3 +331,35 @@ async def test_server_statistics_agree_with_metrics(backend: str) -> None:
         s.value for s in families["vllm:request_success"].samples if s.name.endswith("_total")
     )
     assert (statistics.running, statistics.waiting) == (0, 0)
+
+
+async def test_custom_histogram_buckets_replace_a_family(autojump_clock: MockClock) -> None:
+    """vLLM's --custom-histogram-buckets (vllm/config/observability.py:70-80): a family's
+    bounds replaced for every histogram of the family, the others left as they were."""
+    custom = '{"time_to_first_token": [0.05, 0.1, 0.15], "request_latency": [1, 2]}'
+    async with running(**LATENCY, custom_histogram_buckets=custom) as sim:
+        await post(sim, "/v1/chat/completions", {**CHAT, "max_tokens": 2, "ignore_eos": True})
+        families = await scrape(sim)
+
+    def bounds(name: str) -> list[str]:
+        return [s.labels["le"] for s in families[f"vllm:{name}"].samples if s.name.endswith("_bucket")]
+
+    assert bounds("time_to_first_token_seconds") == ["0.05", "0.1", "0.15", "+Inf"]
+    assert bounds("e2e_request_latency_seconds") == bounds("request_queue_time_seconds") == ["1.0", "2.0", "+Inf"]
+    assert bounds("inter_token_latency_seconds")[:2] == ["0.01", "0.025"]
+    assert value(families, "time_to_first_token_seconds", "_bucket", le="0.15") == 1
+
+
+@pytest.mark.parametrize(
+    ("custom", "message"),
+    [
+        ('{"ttft": [1]}', "unknown bucket family 'ttft'"),
+        ('{"request_latency": []}', "custom_histogram_buckets['request_latency']: bucket list must not be empty"),
+        ('{"request_latency": [0, 1]}', "bound 0 must be finite and greater than 0"),
+        ('{"request_latency": [2, 1]}', "bounds [2, 1] must be strictly increasing"),
+        ('{"request_latency": [true]}', "expected a list of numbers"),
+    ],
+)
+def test_bad_custom_buckets_stop_the_configuration(custom: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        Config(custom_histogram_buckets=custom)

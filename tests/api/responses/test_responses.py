@@ -489,3 +489,58 @@ async def test_the_store_can_be_turned_off(autojump_clock: MockClock) -> None:
     assert (fetched.status, chained.status) == (404, 404)
     assert fetched.body == chained.body
     assert fetched.json()["error"]["message"] == f"Response with id '{response_id}' not found."
+
+
+async def test_a_finished_turn_counts_its_eos_token_streamed_or_not(autojump_clock: MockClock) -> None:
+    """vLLM counts every token id the engine returns, the EOS too (responses/context.py:223):
+    the non-streaming body and the stream's final response agree on ``output_tokens``, one
+    more than the text's tokens.  The body's logprobs list the EOS token, named as the
+    tokenizer names it (serving.py:1031-1043, 978-1013); the stream's keep its deltas'
+    (streaming_events.py:893-919), so they have none for it."""
+    body = {"input": "Hi there", "max_output_tokens": 200, "include": [LOGPROBS]}
+    headers = ((b"x-request-id", b"eos-1"),)
+    async with running(seed=7) as sim:
+        plain = (await post(sim, PATH, body, headers)).json()
+        streamed = await post(sim, PATH, {**body, "stream": True}, headers)
+    final = orjson.loads(streamed.body.split(b"event: response.completed\ndata: ")[1])["response"]
+    deltas = [e for e in streamed.body.split(b"\n\n") if e.startswith(b"event: response.output_text.delta")]
+    assert plain["status"] == final["status"] == "completed"
+    assert plain["output"][0]["content"][0]["text"] == final["output"][0]["content"][0]["text"]
+    assert plain["usage"]["output_tokens"] == final["usage"]["output_tokens"] == len(deltas) + 1
+    plain_tokens = [entry["token"] for entry in plain["output"][0]["content"][0]["logprobs"]]
+    final_tokens = [entry["token"] for entry in final["output"][0]["content"][0]["logprobs"]]
+    assert plain_tokens == [*final_tokens, "<|im_end|>"] and len(final_tokens) == len(deltas)
+
+
+async def test_stop_strings_end_the_turn_as_on_chat(autojump_clock: MockClock) -> None:
+    """vLLM's /v1/responses takes ``stop`` (responses/protocol.py:448, 618-652): the seeded
+    text "Some streams end early, and a careful client…" stops at the token completing
+    "a car", which counts (8 tokens, no EOS), status ``completed``; the logprobs name
+    whole tokens.  A stream holds back 4 characters; every token here still has text to
+    send, the last one's delta is what is left before the stop string."""
+    body = {
+        "input": "hi",
+        "max_output_tokens": 12,
+        "ignore_eos": True,
+        "stop": ["a car"],
+        "include": [LOGPROBS],
+    }
+    headers = ((b"x-request-id", b"stop-r"),)
+    async with running(seed=7) as sim:
+        plain = (await post(sim, PATH, body, headers)).json()
+        streamed = await post(sim, PATH, {**body, "stream": True}, headers)
+    part = plain["output"][0]["content"][0]
+    tokens = ["Some ", "streams ", "end ", "early", ", ", "and ", "a ", "careful "]
+    assert (plain["status"], part["text"], plain["usage"]["output_tokens"]) == (
+        "completed",
+        "Some streams end early, and ",
+        8,
+    )
+    assert [entry["token"] for entry in part["logprobs"]] == tokens
+    frames = [orjson.loads(frame.split(b"data: ", 1)[1]) for frame in streamed.body.split(b"\n\n")[:-1]]
+    deltas = [frame for frame in frames if frame["type"] == "response.output_text.delta"]
+    assert [d["delta"] for d in deltas] == ["S", "ome stre", "ams ", "end e", "ar", "ly, ", "an", "d "]
+    assert [d["logprobs"][0]["token"] for d in deltas] == tokens
+    final = frames[-1]["response"]
+    assert (frames[-1]["type"], final["usage"]["output_tokens"]) == ("response.completed", 8)
+    assert final["output"][0]["content"][0] == part

@@ -235,7 +235,7 @@ def test_catch_up_steps_keep_sequence_numbers_and_content_index() -> None:
 
 
 def test_logprobs_in_deltas_and_final_part_agree() -> None:
-    run, _, _ = run_stream(text_plan("Hello", " world", "!"), TokenLogprobs(top_n=2, seed=9))
+    run, _, _ = run_stream(text_plan("Hello", " world", "!"), TokenLogprobs(top_n=2, seed=9, eos="<|im_end|>"))
     parsed = dict(events(run.response.body)[-1:])
     final_part = parsed["response.completed"]["response"]["output"][0]["content"][0]  # type: ignore[index]
     deltas = [p for kind, p in events(run.response.body) if kind == "response.output_text.delta"]
@@ -261,3 +261,118 @@ def test_in_band_error_event_ends_the_stream() -> None:
         b'event: error\ndata: {"type":"error","code":"InternalServerError","message":"Service unavailable",'
         b'"param":null,"sequence_number":5}\n\n'
     )
+
+
+# --- the EOS token (vLLM 0.33) ----------------------------------------------------------
+
+EOS_ID = 151645
+
+
+def eos_plan(*pieces: str) -> TurnPlan:
+    """A text turn the model ended itself: its text, then its EOS token (``with_eos``)."""
+    return TurnPlan((*pieces, ""), (*range(10, 10 + len(pieces)), EOS_ID), "stop", (Block(TEXT, 0, len(pieces)),))
+
+
+def test_the_eos_token_sends_no_event_and_the_turn_closes_one_itl_later() -> None:
+    """vLLM's EOS output has empty text: ``resolve_target_state`` finds no content, so no
+    delta and no sequence number (responses/serving.py:1269-1274,
+    streaming_events.py:1288-1297); the closing events follow once the engine emitted it,
+    one ITL after the last text (serving.py:1283-1284), numbered straight after the last
+    delta; ``output_tokens`` counts it (responses/context.py:223)."""
+    run, renderer, _ = run_stream(eos_plan("Hello", " world"))
+    writes = run.writes_at()
+    assert writes[0.11] == (
+        b"event: response.output_text.delta\n"
+        b'data: {"content_index":0,"delta":" world","item_id":"msg_1","logprobs":[],"output_index":0,'
+        b'"sequence_number":5,"type":"response.output_text.delta"}\n\n'
+    )
+    final_message = (
+        b'{"id":"msg_1","content":[{"annotations":[],"text":"Hello world","type":"output_text","logprobs":null}],'
+        b'"role":"assistant","status":"completed","type":"message"}'
+    )
+    assert writes[0.12] == (
+        b"event: response.output_text.done\n"
+        b'data: {"content_index":0,"item_id":"msg_1","logprobs":[],"output_index":0,"sequence_number":6,'
+        b'"text":"Hello world","type":"response.output_text.done"}\n\n'
+        b"event: response.content_part.done\n"
+        b'data: {"content_index":0,"item_id":"msg_1","output_index":0,"part":{"annotations":[],'
+        b'"text":"Hello world","type":"output_text","logprobs":null},"sequence_number":7,'
+        b'"type":"response.content_part.done"}\n\n'
+        b"event: response.output_item.done\n"
+        b'data: {"item":' + final_message + b',"output_index":0,"sequence_number":8,'
+        b'"type":"response.output_item.done"}\n\n'
+        b"event: response.completed\n"
+        b'data: {"response":{"id":"resp_1","created_at":1,"incomplete_details":null,'
+        b'"instructions":null,"metadata":null,"model":"m","object":"response","output":['
+        + final_message
+        + b'],"parallel_tool_calls":true,'
+        b'"temperature":1.0,"tool_choice":"auto","tools":[],"top_p":1.0,"background":false,'
+        + MIDDLE
+        + b'"status":"completed","text":null,"top_logprobs":null,"truncation":"disabled","usage":'
+        + USAGE.replace(b'"output_tokens":2', b'"output_tokens":3').replace(b'"total_tokens":5', b'"total_tokens":6')
+        + b',"user":null,'
+        + TAIL
+        + b',"sequence_number":9,"type":"response.completed"}\n\n'
+    )
+    assert renderer.final is not None and renderer.final["usage"]["output_tokens"] == 3  # type: ignore[index]
+
+
+def test_an_eos_token_arriving_with_the_last_text_still_makes_no_event() -> None:
+    """A late client gets the rest at once: the deltas, then the closing events, the
+    sequence numbers unbroken."""
+    run = EngineRun(**LATENCY)
+    plan = eos_plan("a", "b", "c")
+    renderer = ResponsesStreamRenderer(shell=SHELL, plan=plan, ids=IDS, logprobs=None)
+    sink = run.streaming_sink(renderer, 1)
+    run.submit([turn_job(sink, plan)])
+    run.response.write(renderer.head())
+    run.step_to(0.1)
+    run.step_to(0.5)
+    parsed = events(run.response.body)
+    assert [p["sequence_number"] for _, p in parsed] == list(range(len(parsed)))
+    assert [p["delta"] for kind, p in parsed if kind == "response.output_text.delta"] == ["a", "b", "c"]
+    assert parsed[-1][1]["response"]["usage"]["output_tokens"] == 4  # type: ignore[index]
+
+
+def test_a_stream_gives_the_eos_token_no_logprobs() -> None:
+    """The stream's logprobs are its deltas', and its final part keeps those
+    (streaming_events.py:893-919, serving.py:860-861): none for the EOS token."""
+    run, _, _ = run_stream(eos_plan("Hello", "!"), TokenLogprobs(top_n=0, seed=9, eos="<|im_end|>"))
+    parsed = events(run.response.body)
+    part = parsed[-1][1]["response"]["output"][0]["content"][0]  # type: ignore[index]
+    assert [entry["token"] for entry in part["logprobs"]] == ["Hello", "!"]
+    assert [kind for kind, _ in parsed].count("response.output_text.delta") == 2
+
+
+def test_a_tool_turn_ends_with_its_eos_token_too() -> None:
+    """A function call is text the engine ends with its EOS like any other: counted, no
+    delta for it, the closing events one ITL after the last argument piece."""
+    pieces = ('{"', "city", '"}', "")
+    plan = TurnPlan(pieces, (1, 2, 3, EOS_ID), "tool_calls", (Block(TOOL_CALL, 0, 3, "get_weather", "call_1"),))
+    run, _, _ = run_stream(plan)
+    writes = run.writes_at()
+    assert writes[0.12].startswith(b"event: response.function_call_arguments.delta\n")
+    assert writes[0.12].count(b"event: ") == 1
+    closing = events(writes[0.13])
+    assert [kind for kind, _ in closing] == [
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert [p["sequence_number"] for _, p in closing] == [6, 7, 8]
+    assert closing[-1][1]["response"]["usage"]["output_tokens"] == 4  # type: ignore[index]
+
+
+def test_a_token_whose_text_is_held_back_sends_no_delta_nor_logprobs() -> None:
+    """Held back for a stop string, a token's text is empty: no delta (serving.py:1269-1274),
+    so its logprobs go nowhere, in the stream or in its final part (streaming_events.py:
+    893-919); the other deltas' logprobs name their whole tokens."""
+    plan = TurnPlan(("a", "", "bcd"), (10, 11, 12), "length", (Block(TEXT, 0, 3),), whole_tokens=("ab", "c", "d"))
+    run, _, _ = run_stream(plan, TokenLogprobs(top_n=0, seed=9, eos="<|im_end|>"))
+    parsed = events(run.response.body)
+    deltas = [p for kind, p in parsed if kind == "response.output_text.delta"]
+    assert [(d["delta"], d["logprobs"][0]["token"]) for d in deltas] == [("a", "ab"), ("bcd", "d")]  # type: ignore[index]
+    assert [p["sequence_number"] for _, p in parsed] == list(range(len(parsed)))
+    part = parsed[-1][1]["response"]["output"][0]["content"][0]  # type: ignore[index]
+    assert [entry["token"] for entry in part["logprobs"]] == ["ab", "d"]
+    assert part["text"] == "abcd"

@@ -1,0 +1,5 @@
+"""The embeddings endpoint family (POST /v1/embeddings)."""
+
+from llmsim.api.embeddings.routes import register
+
+__all__ = ["register"]
