@@ -54,12 +54,7 @@ class LiveConfig:
         self._on_change = on_change
 
     def snapshot(self) -> dict[str, object]:
-        config = self.config
-        values = {
-            setting.key: _json_value(setting, getattr(getattr(config, setting.group), setting.field.name))
-            for setting in SETTINGS.values()
-        }
-        return dict(sorted(values.items()))
+        return _snapshot(self.config)
 
     def update(self, values: Mapping[str, object]) -> dict[str, object]:
         changes: dict[str, object] = {}
@@ -72,11 +67,12 @@ class LiveConfig:
         if _FAKE_METRICS in changes:
             changes[_FAKE_METRICS] = self._fake_metrics_over_current(changes[_FAKE_METRICS])
         new = config_from_mapping(changes, base=self.config)
+        answer = _snapshot(new)  # before anything changes: a value it cannot show changes nothing
         if new.latency != self.config.latency:
             self._engine.reconfigure(new.engine, new.latency)
         self.config = new
         self._on_change(new)
-        return self.snapshot()
+        return answer
 
     def _fake_metrics_over_current(self, value: object) -> dict[str, object]:
         current = self.config.control.fake_metrics
@@ -87,6 +83,15 @@ class LiveConfig:
         merged: dict[str, object] = orjson.loads(current)
         merged.update((key, item) for key, item in value.items() if item is not None)
         return merged
+
+
+def _snapshot(config: Config) -> dict[str, object]:
+    """Every setting by its key, as llm-d's GET shows them, keys sorted as Go writes a map."""
+    values = {
+        setting.key: _json_value(setting, getattr(getattr(config, setting.group), setting.field.name))
+        for setting in SETTINGS.values()
+    }
+    return dict(sorted(values.items()))
 
 
 def _json_value(setting: Setting, value: object) -> object:

@@ -15,6 +15,7 @@ from llmsim.api import generate as generate_api
 from llmsim.api import render as render_api
 from llmsim.api.admin import SleepState
 from llmsim.api.context import ApiContext
+from llmsim.api.lora import routes as lora_api
 from llmsim.api.responses.store import ResponseStore
 from llmsim.api.router import Api, Router
 from llmsim.config import Config, ConfigError
@@ -76,6 +77,7 @@ def build_router() -> Router:
     embeddings.register(router)
     admin.register(router)
     tokenize.register(router)
+    lora_api.register(router)
     return router
 
 

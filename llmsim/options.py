@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NewType
 import attrs
 
 from llmsim.latency_profiles import PROFILE_NAMES
+from llmsim.lora_modules import LoraModule, parse_lora_module
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -118,7 +119,7 @@ def option(
         validators.append(_one_of(choices))
         metavar = metavar or "{" + ",".join(choice for choice in choices if choice) + "}"
     if duration:
-        validators.append(_non_negative)
+        validators.append(_duration)
         metavar = metavar or "DURATION"
     if validator is not None:
         validators.append(validator)
@@ -148,6 +149,18 @@ def option_key(attribute: attrs.Attribute[Any]) -> str:
 def _non_negative(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
     if value < 0:
         raise ConfigError(option_key(attribute), f"must be >= 0, got {value}")
+
+
+#: The longest duration a setting may have: Go's (``math.MaxInt64`` nanoseconds, about 292
+#: years), so that every duration can be shown as llm-d-inference-sim shows it.
+MAX_DURATION_SECONDS = (2**63 - 1) / 1e9
+
+
+def _duration(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    _non_negative(instance, attribute, value)
+    if not value <= MAX_DURATION_SECONDS:  # also refuses NaN
+        limit = f"{MAX_DURATION_SECONDS:.0f}s"
+        raise ConfigError(option_key(attribute), f"must be at most {limit} (Go's longest duration), got {value}")
 
 
 def _positive(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
@@ -254,6 +267,14 @@ class ModelOptions:
         validator=_at_least_minus_one,
         help="most logprobs a request may ask for per token (completions logprobs, top_logprobs); -1: the vocabulary",
     )
+    max_output_volume: int = option(
+        1_000_000,
+        metavar="N",
+        llmd=False,
+        validator=_positive,
+        help="most n x max_tokens x (1 + top_logprobs) a request may ask for (max_tokens: what the prompt "
+        "leaves when unset); beyond it, 400, so a small request cannot ask for a body of hundreds of MB",
+    )
     mode: str = option(
         "random",
         choices=("random", "echo"),
@@ -313,6 +334,15 @@ class ModelOptions:
         help="serve the */render endpoints and POST /inference/v1/generate (llm-d serves them always; "
         "vLLM only with --enable-scale-out, else 403)",
     )
+    lora_modules: tuple[str, ...] = option(
+        (),
+        metavar="MODULE",
+        shown_default="none",
+        help='LoRA adapters served from start-up: name=path or JSON {"name", "path", "base_model_name"}',
+    )
+    enable_lora: bool = option(
+        False, llmd=False, help="LoRA support (vLLM's flag); on by itself with --lora-modules, as in llm-d"
+    )
 
     def __attrs_post_init__(self) -> None:
         if not all(self.served_model_name):
@@ -321,6 +351,15 @@ class ModelOptions:
             raise ConfigError("dataset-url", "dataset-path is required when dataset-url is set")
         if self.mode == "echo" and self.dataset_path is not None:
             raise ConfigError("dataset-path", "a dataset cannot be used in echo mode")
+        names: set[str] = set(self.model_names)
+        for text in filter(None, self.lora_modules):  # vLLM skips empty entries (cli_args.py:53-54)
+            try:
+                name = parse_lora_module(text).name
+            except ValueError as exc:
+                raise ConfigError("lora-modules", str(exc)) from None
+            if name in names:  # what vLLM's init_static_loras refuses (models/serving.py:255-275)
+                raise ConfigError("lora-modules", f"{name!r} is a served model name or another adapter's")
+            names.add(name)
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -330,6 +369,16 @@ class ModelOptions:
     @property
     def display_model(self) -> str:
         return self.model_names[0]
+
+    @property
+    def lora_adapters(self) -> tuple[LoraModule, ...]:
+        """The ``--lora-modules`` entries, read (checked at construction)."""
+        return tuple(parse_lora_module(text) for text in self.lora_modules if text)
+
+    @property
+    def lora_enabled(self) -> bool:
+        """vLLM needs ``--enable-lora``; llm-d-inference-sim has LoRA whenever adapters are given."""
+        return self.enable_lora or any(self.lora_modules)
 
     @property
     def system_fingerprint(self) -> str:
@@ -366,6 +415,16 @@ class EngineOptions:
         validator=_positive_or_unset,
         help="token budget of one engine step; long prompts prefill in chunks",
     )
+    max_loras: int = option(
+        1, metavar="N", validator=_positive, help="LoRA adapters among the running requests at once; others wait"
+    )
+    max_cpu_loras: int | None = option(
+        None,
+        metavar="N",
+        shown_default="max-loras",
+        validator=_positive_or_unset,
+        help="adapters kept in CPU memory; checked (>= max-loras), otherwise unused",
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
@@ -373,6 +432,10 @@ class EngineOptions:
                 "max-num-batched-tokens",
                 f"({self.max_num_batched_tokens}) must be >= max-num-seqs ({self.max_num_seqs}), as vLLM requires: "
                 "every running sequence needs one token of each step's budget",
+            )
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:  # vllm/config/lora.py:121-127
+            raise ConfigError(
+                "max-cpu-loras", f"({self.max_cpu_loras}) must be >= max-loras ({self.max_loras}), as vLLM requires"
             )
 
     @property

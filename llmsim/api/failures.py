@@ -60,7 +60,7 @@ FAILURES: Mapping[str, Failure] = MappingProxyType(
     }
 )
 # What Go's strconv.Atoi accepts (an optional sign, ASCII digits).
-_INTEGER = re.compile(r"[+-]?[0-9]+")
+_INTEGER = re.compile(r"[+-]?[0-9]{1,19}")  # Atoi's int64 range is checked by the status range
 # The statuses X-Return-Error may ask for: errors only.  llm-d-inference-sim sends any
 # integer as the status line; a 1xx, 204 or 304 cannot carry the error body at all.
 _ERROR_STATUSES = range(400, 600)

@@ -32,7 +32,7 @@ import attrs
 import trio
 
 from llmsim.api import request_log
-from llmsim.api.context import ApiContext, Call
+from llmsim.api.context import ApiContext, Call, request_adapter
 from llmsim.api.errors import ApiError
 from llmsim.api.http import Headers, ResponseStream
 from llmsim.api.plan import GenerationPlan
@@ -41,6 +41,7 @@ from llmsim.api.sse import SSE_HEADERS
 from llmsim.engine.errors import QueueFullError, QueueLimit
 from llmsim.engine.job import Job, JobSink, JobState, RequestGroup
 from llmsim.engine.scheduler import Engine
+from llmsim.model.logprobs import MAX_SIMULATED_LOGPROBS
 
 __all__ = [
     "QUEUE_OVERFLOW_MESSAGE",
@@ -52,6 +53,7 @@ __all__ = [
     "SubmittedJobs",
     "build_jobs",
     "check_job_count",
+    "check_output_volume",
     "collect",
     "queue_full_error",
     "stream",
@@ -111,11 +113,12 @@ def check_job_count(ctx: ApiContext, job_count: int, n: int | None = None) -> No
     First vLLM's admission check (``_preflight``, ``vllm/entrypoints/generate/base/
     serving.py:169-181``): 503 if the request's jobs would take the jobs in flight
     beyond ``--max-num-queued-reqs``.  Then vLLM's limit on ``n`` (the choices per
-    prompt, ``job_count`` unless given), a 400 (:func:`check_n_limit`).  Then a 429 at
+    prompt, ``job_count`` unless given), a 400 (:func:`check_n_limit`).  Then a 400 at
     once for a request with more choices than the engine could ever hold (running
     slots plus waiting queue): a huge ``n`` must not cost the server minutes of
-    planning only to be refused.  Nothing awaits between this and the submission, so
-    the engine's counts are the same when the jobs are submitted.
+    planning only to be refused, and a 429 would tell the client to retry.  Nothing
+    awaits between this and the submission, so the engine's counts are the same when
+    the jobs are submitted.
     """
     engine = ctx.engine
     try:
@@ -124,13 +127,41 @@ def check_job_count(ctx: ApiContext, job_count: int, n: int | None = None) -> No
         raise queue_full_error(exc.limit) from None
     check_n_limit(job_count if n is None else n)
     limits = engine.options
-    if job_count > limits.max_num_seqs + limits.max_waiting_queue_length:
-        raise queue_full_error(QueueLimit.WAITING_QUEUE_LENGTH)
+    capacity = limits.max_num_seqs + limits.max_waiting_queue_length
+    if job_count > capacity:  # retrying cannot help, so a 400 rather than the queue's 429
+        raise ApiError(
+            400,
+            f"This request asks for {job_count} choices, but the server holds at most {capacity} requests "
+            f"(max-num-seqs {limits.max_num_seqs} + max-waiting-queue-length {limits.max_waiting_queue_length}).",
+            param="n",
+        )
 
 
-def build_jobs(plan: GenerationPlan, sink: JobSink) -> list[Job]:
+def check_output_volume(ctx: ApiContext, caps: Sequence[int], n: int, top_logprobs: int) -> None:
+    """400 when the output asked for, ``n`` choices of each prompt's output cap ``caps``
+    times ``1 + top_logprobs`` entries per token, exceeds ``--max-output-volume``:
+    a few hundred bytes (n=256, max_tokens 500, top_logprobs 20) must not ask for a
+    187 MB body.  Checked once the caps are known, before planning.  -1 is the
+    vocabulary; a count beyond what may or can be listed counts as that limit (its
+    400 is made as the engine takes the request, :mod:`llmsim.api.logprobs_limit`)."""
+    max_logprobs = ctx.model.max_logprobs
+    vocab_size = ctx.tokenizer.vocab_size
+    top = vocab_size if top_logprobs == -1 else top_logprobs
+    top = min(top, vocab_size if max_logprobs == -1 else max_logprobs, MAX_SIMULATED_LOGPROBS)
+    volume = n * sum(caps) * (1 + max(top, 0))
+    limit = ctx.model.max_output_volume
+    if volume > limit:
+        raise ApiError(
+            400,
+            f"This request asks for up to {volume} output entries (n x max_tokens x (1 + top_logprobs)), "
+            f"more than max-output-volume ({limit}); lower n, max_tokens or top_logprobs.",
+            param="max_tokens",
+        )
+
+
+def build_jobs(plan: GenerationPlan, sink: JobSink, lora: str | None = None) -> list[Job]:
     """One job per choice, in choice-index order; choice ``i`` answers prompt
-    ``i // plan.choices_per_prompt``."""
+    ``i // plan.choices_per_prompt``; each runs with the LoRA adapter ``lora``."""
     jobs = []
     prompts, per_prompt = plan.prompts, plan.choices_per_prompt
     group: RequestGroup | None = None
@@ -150,6 +181,7 @@ def build_jobs(plan: GenerationPlan, sink: JobSink) -> list[Job]:
                 max_tokens=prompt.output_cap,
                 remote_prefill=prompt.remote_prefill,
                 group=group,
+                lora=lora,
             )
         )
     return jobs
@@ -321,14 +353,13 @@ async def stream(
         stream_error(call, renderer, refusal, headers)
         return
     ctx = call.ctx
-    await ctx.sleep.wait_until_resumed()  # sleep mode: held before the engine (api/admin/sleep.py)
     response = call.response
 
     def resume(job: Job) -> None:
         ctx.engine.resume(job, ctx.clock())
 
     sink = StreamingSink(response, renderer, len(plan.choices), resume)
-    jobs = build_jobs(plan, sink)
+    jobs = build_jobs(plan, sink, request_adapter())
     with SubmittedJobs(ctx.engine, jobs, ctx.clock), request_log.logged(ctx, plan, jobs):
         response.start(200, (*SSE_HEADERS, *headers))
         head = renderer.head()
@@ -354,9 +385,8 @@ async def collect(call: Call, plan: GenerationPlan, *, refusal: ApiError | None 
     if refusal is not None:
         raise refusal
     ctx = call.ctx
-    await ctx.sleep.wait_until_resumed()  # sleep mode: held before the engine (api/admin/sleep.py)
     sink = CollectingSink(len(plan.choices))
-    jobs = build_jobs(plan, sink)
+    jobs = build_jobs(plan, sink, request_adapter())
     with SubmittedJobs(ctx.engine, jobs, ctx.clock), request_log.logged(ctx, plan, jobs):
         await sink.done.wait()
     return jobs

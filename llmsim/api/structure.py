@@ -109,7 +109,10 @@ def _structure_int(value: object, _: type) -> int:
     if isinstance(value, str):
         match = _INTEGER_TEXT.fullmatch(value)
         if match is not None:
-            return int(match.group(1).replace("_", ""))
+            try:
+                return int(match.group(1).replace("_", ""))
+            except ValueError:  # beyond Python's int-from-text digit limit (pydantic: int_parsing_size)
+                pass
     raise FieldTypeError("an integer", value)
 
 

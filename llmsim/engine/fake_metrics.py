@@ -103,6 +103,8 @@ _NUMBER_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 #: Go's ``time.ParseDuration`` (time/format.go): ``0`` or signed number+unit parts.
 _DURATION_RE = re.compile(r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:ns|us|µs|μs|ms|s|m|h))+|[+-]?0")
 _DURATION_PART_RE = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+#: The longest duration Go has (``math.MaxInt64`` nanoseconds).
+_MAX_GO_DURATION_NS = 2**63 - 1
 _UNIT_NS = {"ns": 1, "us": 1000, "µs": 1000, "μs": 1000, "ms": 10**6, "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9}
 
 
@@ -305,8 +307,8 @@ def _function(key: str, text: str, whole: bool) -> ValueFunction:
     if kind not in FUNCTIONS:
         raise ValueError(f"{key}: unknown function {kind!r}; use one of {', '.join(FUNCTIONS)}")
     for name, number in (("start", start), ("end", end)):
-        if not _NUMBER_RE.fullmatch(number):
-            raise ValueError(f"{key}: {name} must be a number, got {number!r} in {text!r}")
+        if not _NUMBER_RE.fullmatch(number) or not math.isfinite(float(number)):
+            raise ValueError(f"{key}: {name} must be a finite number, got {number!r} in {text!r}")
     return ValueFunction(kind, float(start), float(end), _period_ns(key, period, text), whole)
 
 
@@ -318,6 +320,8 @@ def _period_ns(key: str, period: str, text: str) -> int:
     ns = int(-total if period.startswith("-") else total)
     if ns <= 0:
         raise ValueError(f"{key}: period must be positive, got {period!r} in {text!r}")
+    if ns > _MAX_GO_DURATION_NS:  # Go's ParseDuration refuses it too ("invalid duration")
+        raise ValueError(f"{key}: period must be at most 2562047h47m16.854775807s, got {period!r} in {text!r}")
     return ns
 
 

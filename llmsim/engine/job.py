@@ -79,6 +79,7 @@ class Job:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (not prefilled again)
     remote_prefill: bool = False  # P/D decode side: TTFT is the KV transfer time
     group: RequestGroup | None = None  # the request's other choices; None: a request of its own
+    lora: str | None = None  # the LoRA adapter it runs with (a slot of --max-loras); None: the base model
 
     # --- engine-owned state (engine clock, seconds) -------------------------------------
     state: JobState = JobState.NEW

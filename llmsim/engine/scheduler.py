@@ -56,6 +56,7 @@ from llmsim.engine.errors import QueueFullError, QueueLimit
 from llmsim.engine.grid import GRID_TOLERANCE, step_grid
 from llmsim.engine.job import Job, JobState
 from llmsim.engine.latency import LatencyModel
+from llmsim.engine.lora import LoraSlots, LoraState, lora_state
 from llmsim.engine.metrics import EngineMetrics
 from llmsim.engine.pause import ABORT, PauseState, end, shift_deadlines
 from llmsim.engine.prefill import ChunkedPrefill
@@ -99,6 +100,8 @@ class Engine:
         # (or the next compaction), so cancelling is O(1) even with a long queue.
         self._waiting: deque[Job] = deque()
         self._waiting_count = 0
+        self._loras = LoraSlots(options.max_loras)  # vLLM's max_loras rule (llmsim/engine/lora.py)
+        self._lora_blocked: tuple[int, int] | None = None  # (submitted, finished + cancelled) when all were skipped
         self._running = 0
         self._decoding = 0
         # The schedule (see the module docstring).
@@ -153,6 +156,7 @@ class Engine:
         step or submit.
         """
         self._options = options
+        self._loras.max_loras, self._lora_blocked = options.max_loras, None
         self._latency = LatencyModel.from_options(latency, options.max_num_seqs)
         self._prefill.reconfigure(options.batched_token_budget, latency.inter_token_latency)
         self._configure()
@@ -214,6 +218,7 @@ class Engine:
         job.arrival_time = now
         self._submitted += 1
         free = self._waiting_count == 0 and self._running < self._options.max_num_seqs
+        free = free and (job.lora is None or self._loras.fits(job.lora))
         if free and self._pause_state is PauseState.UNPAUSED:
             self._admit(job, now)
         elif self._waiting_count >= self._options.max_waiting_queue_length:
@@ -258,7 +263,8 @@ class Engine:
 
     def resume(self, job: Job, now: float) -> None:
         """Un-pause ``job`` (its sink returned False): its next token is due at
-        ``max(job.deadline, now)``.  A no-op for jobs that are not paused."""
+        ``max(job.deadline, now)`` (while the engine is frozen, at the freeze's start at the
+        latest: the wake-up shifts it by the frozen time).  A no-op for jobs not paused."""
         if job is self._callback_job:
             self._callback_resumed = True
             return
@@ -266,7 +272,8 @@ class Engine:
             return
         before = self.next_deadline()
         job.paused = False
-        self._schedule(job, max(job.deadline, now), now)
+        frozen = self._pause_state is PauseState.PAUSED_ALL
+        self._schedule(job, max(job.deadline, self._paused_at if frozen else now), now)
         self._wake_if_earlier(before)
 
     def next_deadline(self) -> float:
@@ -386,24 +393,39 @@ class Engine:
             max_lateness=self._max_lateness,
         )
 
+    def lora_state(self) -> LoraState:
+        """The adapters of the waiting and running jobs, and the jobs waiting for one."""
+        return lora_state(self._admitted, self._waiting, self._loras)
+
     # --- admission -----------------------------------------------------------------------
 
     def _fill_slots(self, now: float) -> None:
-        """Admit waiting jobs, oldest first, while slots are free."""
-        if self._pause_state is not PauseState.UNPAUSED:
+        """Admit waiting jobs, oldest first, while slots are free; one whose LoRA adapter does not
+        fit keeps its place (vllm/v1/core/sched/scheduler.py:1091-1101), the rest may pass it."""
+        if self._pause_state is not PauseState.UNPAUSED or not self._waiting_count:
             return  # paused: waiting jobs stay queued
+        if self._lora_blocked is not None and self._lora_blocked == (self._submitted, self._finished + self._cancelled):
+            return  # every waiting job was skipped, and no job has come or gone since
         waiting = self._waiting
-        while self._waiting_count and self._running < self._options.max_num_seqs:
+        skipped: list[Job] = []
+        while self._waiting_count > len(skipped) and self._running < self._options.max_num_seqs:
             job = waiting.popleft()
-            if job.state is JobState.WAITING:
+            if job.state is JobState.WAITING and job.lora is not None and not self._loras.fits(job.lora):
+                skipped.append(job)
+            elif job.state is JobState.WAITING:
                 self._waiting_count -= 1
                 self._admit(job, max(now, job.arrival_time))
+        if skipped:
+            waiting.extendleft(reversed(skipped))
+        all_skipped = skipped and self._waiting_count == len(skipped)
+        self._lora_blocked = (self._submitted, self._finished + self._cancelled) if all_skipped else None
 
     def _admit(self, job: Job, now: float) -> None:
         self._running += 1
         self._admitted[job] = None
         job.state = JobState.PREFILL
         job.admitted_time = now
+        self._loras.add(job)
         self.metrics.admitted(job)
         if job.remote_prefill:
             job.prefilled_tokens = job.prompt_tokens

@@ -166,13 +166,13 @@ _ABSENT = object()
 def _object_domain(objects: Objects) -> Sequence[Any] | None:
     """Every object generated, when each property has a small explicit set of values."""
     names = [name for name, node in objects.properties if node is not None]
-    names += [name for name in objects.required if name not in names]
+    names += [name for name in objects.required if name not in objects.declared]
     choices = []
     for name in names:
         values = _domain(objects.governing(name))
         if values is None:
             return None
-        choices.append(list(values) if name in objects.required else [*values, _ABSENT])
+        choices.append(list(values) if name in objects.required_names else [*values, _ABSENT])
     if math.prod(len(c) for c in choices) > _DOMAIN_LIMIT:
         return None
     return tuple(
@@ -211,10 +211,10 @@ def _object_variety(objects: Objects, depth: int) -> int:
     total = 1
     for name, node in objects.properties:
         if node is not None:
-            total *= _capacity(node, depth + 1) + (name not in objects.required)
+            total *= _capacity(node, depth + 1) + (name not in objects.required_names)
     for name in objects.required:
         node = objects.governing(name)
-        if node is not None and all(name != declared for declared, _ in objects.properties):
+        if node is not None and name not in objects.declared:
             total *= _capacity(node, depth + 1)
     return min(total, MANY)
 

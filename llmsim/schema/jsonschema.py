@@ -83,6 +83,12 @@ MAX_MIN_LENGTH = 10_000  # largest minLength accepted
 MAX_MIN_ITEMS = 1_000  # largest minItems accepted
 MAX_MIN_SIZE = 100_000  # largest forced size (values, long strings count more)
 MAX_NESTING = 64  # schemas nested deeper than this are refused
+# Complexity bounds, so no schema a client sends can hold the event loop for long (compiling
+# is linear in the schema's size: ~60 us a node).  5,000 properties is OpenAI's documented
+# structured-output limit; an enum is generated from by sampling, so 1,000 values is plenty.
+MAX_PROPERTIES = 5_000  # properties (declared or required) over the whole schema
+MAX_ENUM = 1_000  # values in one enum
+MAX_NODES = 10_000  # schemas compiled, $ref targets once, allOf/anyOf distribution included
 _MERGE_DEPTH = 32  # nested allOf/$ref merges (deeper means a $ref cycle)
 _MAX_BRANCHES = 64  # branches after distributing several anyOf/oneOf of an allOf
 
@@ -130,6 +136,8 @@ class _Compiler:
         self.pending: dict[str, int] = {}  # $ref being compiled -> structure depth at its start
         self.structure = 0  # object/array nesting of the schema being compiled
         self.nesting = 0  # schemas being compiled, one inside the other
+        self.nodes = 0  # schemas compiled so far (MAX_NODES)
+        self.properties = 0  # properties compiled so far (MAX_PROPERTIES)
         self.one_ofs: list[tuple[Union, str]] = []
         self.unique_arrays: list[Arrays] = []
 
@@ -157,7 +165,10 @@ class _Compiler:
 
     def compile(self, schema: object, path: str, *, root: bool = False) -> Node:
         self.nesting += 1
+        self.nodes += 1
         try:
+            if self.nodes > MAX_NODES:
+                raise ToolSchemaError(path, "properties", f"and subschemas number more than {MAX_NODES} (MAX_NODES)")
             if self.nesting > MAX_NESTING:
                 raise ToolSchemaError(
                     path,
@@ -308,6 +319,10 @@ class _Compiler:
             return node
         keyword = "const" if "const" in schema else "enum"
         candidates = [schema["const"]] if "const" in schema else schema["enum"]
+        if len(candidates) > MAX_ENUM:
+            raise ToolSchemaError(
+                at(path, "enum"), "enum", f"has {len(candidates)} values; llmsim accepts at most {MAX_ENUM} (MAX_ENUM)"
+            )
         if "const" in schema and "enum" in schema:
             candidates = [v for v in schema["enum"] if json_key(v) == json_key(schema["const"])]
         values = tuple(v for v in candidates if node.matches(v))
@@ -401,6 +416,14 @@ class _Compiler:
         return spec
 
     def objects(self, schema: dict[str, Any], path: str) -> Objects:
+        self.properties += len(dict.fromkeys([*schema.get("properties", {}), *schema.get("required", ())]))
+        if self.properties > MAX_PROPERTIES:
+            raise ToolSchemaError(
+                at(path, "properties"),
+                "properties",
+                f"brings the schema to {self.properties} properties; llmsim accepts at most "
+                f"{MAX_PROPERTIES} (MAX_PROPERTIES)",
+            )
         self.structure += 1
         properties = tuple(
             (name, None if sub is False else self.compile(sub, at(path, "properties", name)))

@@ -274,13 +274,17 @@ class Objects:
     properties: tuple[tuple[str, Node | None], ...]  # None: the property must be absent
     required: tuple[str, ...]
     additional: Node | None  # None: additionalProperties false
+    # Lookups by name, so matching and generating stay linear in the number of properties.
+    declared: dict[str, Node | None] = attrs.field(init=False, repr=False)
+    required_names: frozenset[str] = attrs.field(init=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "declared", dict(self.properties))
+        object.__setattr__(self, "required_names", frozenset(self.required))
 
     def governing(self, name: str) -> Node | None:
         """The schema a property named ``name`` must match (None: it must be absent)."""
-        for declared, node in self.properties:
-            if declared == name:
-                return node
-        return self.additional
+        return self.declared.get(name, self.additional)
 
     def matches(self, value: dict[str, Any]) -> bool:
         if any(name not in value for name in self.required):
@@ -303,7 +307,7 @@ class Objects:
         ctx.object_depth += 1
         out: dict[str, Any] = {}
         for name, node in self.properties:
-            if node is not None and (name in self.required or (not ctx.minimal and ctx.chance(percent))):
+            if node is not None and (name in self.required_names or (not ctx.minimal and ctx.chance(percent))):
                 out[name] = node.generate(ctx)
         for name in self.required:
             if name not in out:

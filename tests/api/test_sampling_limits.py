@@ -1,6 +1,6 @@
 """vLLM 0.33.0's limits on what a request asks for, with their texts and their order:
 ``n`` at most ``VLLM_MAX_N_SEQUENCES`` (16384), checked as the sampling params are built,
-after the admission check (``--max-num-queued-reqs``, a 503) and before llmsim's own 429
+after the admission check (``--max-num-queued-reqs``, a 503) and before llmsim's own 400
 for a request the engine could never hold; at most ``VLLM_MAX_STOP_STRINGS`` (4) stop
 strings; ``logit_bias`` read and checked as vLLM does; token ids within the vocabulary."""
 
@@ -13,7 +13,7 @@ import orjson
 import pytest
 from trio.testing import MockClock
 
-from llmsim.api.generation import QUEUE_OVERFLOW_MESSAGE, WAITING_QUEUE_FULL_MESSAGE
+from llmsim.api.generation import QUEUE_OVERFLOW_MESSAGE
 from tests.api.fakes import post, running
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -49,8 +49,16 @@ async def test_n_at_the_limit_passes_it_and_meets_the_queue_guard(
     path: str, base: dict[str, Any], autojump_clock: MockClock
 ) -> None:
     """16384 choices are within vLLM's limit; llmsim's engine (256 slots + 1000 waiting
-    by default) could never hold them: its 429 comes after vLLM's check."""
-    assert await answer(path, {**base, "n": 16384}) == (429, error(429, WAITING_QUEUE_FULL_MESSAGE, "RateLimitError"))
+    by default) could never hold them: its 400 naming the limit comes after vLLM's check."""
+    status, body = await answer(path, {**base, "n": 16384})
+    assert status == 400
+    assert orjson.loads(body)["error"] == {
+        "message": "This request asks for 16384 choices, but the server holds at most 1256 requests "
+        "(max-num-seqs 256 + max-waiting-queue-length 1000).",
+        "type": "BadRequestError",
+        "param": "n",
+        "code": 400,
+    }
 
 
 @pytest.mark.parametrize(("path", "base"), ENDPOINTS)
@@ -67,7 +75,8 @@ async def test_the_limit_is_on_n_not_on_the_jobs_of_every_prompt(autojump_clock:
     """Two prompts of 9000 choices: n is within the limit (each prompt's ``SamplingParams``
     has n 9000), so the request meets the queue guard instead; 2 x 16385 is the 400."""
     body = {"prompt": ["a", "b"], "n": 9000}
-    assert await answer("/v1/completions", body) == (429, error(429, WAITING_QUEUE_FULL_MESSAGE, "RateLimitError"))
+    status, guard = await answer("/v1/completions", body)
+    assert status == 400 and b"asks for 18000 choices" in guard
     assert await answer("/v1/completions", {**body, "n": 16385}) == (400, TOO_MANY)
 
 

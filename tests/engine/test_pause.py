@@ -13,7 +13,7 @@ from llmsim.config import Config
 from llmsim.engine import Engine, JobState
 from llmsim.engine.job import RequestGroup
 from llmsim.engine.pause import PauseState
-from llmsim.engine.testing import SinkCall, planned_job, recording_sink, run_until_idle
+from llmsim.engine.testing import RecordingSink, SinkCall, planned_job, recording_sink, run_until_idle
 
 #: TTFT 0.1, then a token every 0.02; one slot, so a second job waits.
 ONE_SLOT = Config(time_to_first_token=0.1, inter_token_latency=0.02, max_num_seqs=1)
@@ -211,3 +211,19 @@ def test_the_engine_holds_no_job_once_it_finished_or_left() -> None:
     engine.cancel(gone, 0.115)
     assert done.state is JobState.FINISHED
     assert list(engine._admitted) == [kept]
+
+
+def test_a_job_resumed_while_frozen_is_shifted_once() -> None:
+    """A client that drains while the engine is frozen: its next token comes as much after
+    the wake-up as it was due after the freeze, not the frozen time twice (review finding)."""
+    engine = build_engine(Config(time_to_first_token=0.1, inter_token_latency=0.5))
+    sink = RecordingSink(accept=False)
+    job = planned_job(output=4, sink=sink)
+    engine.submit(job, 0.0)
+    engine.step(engine.next_deadline())  # first token at 0.1; the sink is full: paused
+    assert job.paused
+    engine.set_pause_state(PauseState.PAUSED_ALL, 1.0)
+    sink.accept = True
+    engine.resume(job, 2.0)
+    engine.set_pause_state(PauseState.UNPAUSED, 3.0)
+    assert engine.next_deadline() == pytest.approx(3.0)  # due at the freeze (1.0), shifted by 2.0

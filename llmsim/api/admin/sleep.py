@@ -1,4 +1,4 @@
-"""vLLM's sleep state, and the gate that holds generation requests while the engine sleeps.
+"""vLLM's sleep state.
 
 vLLM 0.33 keeps two things (``vllm/v1/engine/core.py:993-1080``): whether the scheduler is
 paused, and which memory pools of the executor sleep (``sleeping_tags``, a subset of
@@ -13,9 +13,10 @@ paused, and which memory pools of the executor sleep (``sleeping_tags``, a subse
 
 While the scheduler is paused, a new request is queued and not scheduled: sleep is not a
 user pause, so ``reject_new_requests`` stays False (``core.py:2225-2233``) and the request
-waits until the engine is fully awake.  llmsim holds such requests at
-:meth:`SleepState.wait_until_resumed`, before their jobs reach the engine.  The requests
-already in flight are the engine's: the routes pause it as ``mode`` asks
+waits until the engine is fully awake.  So in llmsim: its jobs are submitted to the
+paused engine, which queues them without admitting any (they count as waiting, their
+queue time runs, a stream's head goes out at once).  The requests already in flight are
+the engine's too: the routes pause it as ``mode`` asks
 (:mod:`llmsim.engine.pause`) and un-pause it once :meth:`SleepState.wake_up` finds it
 fully awake.  Discarding the KV cache on a sleep of level 1 or 2
 (``clear_prefix_cache = level >= 1``, ``core.py:1007``) is left for the KV-cache model.
@@ -26,7 +27,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import attrs
-import trio
 
 __all__ = ["SLEEP_TAGS", "SleepState"]
 
@@ -34,12 +34,6 @@ __all__ = ["SLEEP_TAGS", "SleepState"]
 SLEEP_TAGS = frozenset(("weights", "kv_cache"))
 #: Names the scheduler, not a pool: ``wake_up`` drops it from the tags (``core.py:1041-1043``).
 _SCHEDULING = "scheduling"
-
-
-def _resumed_event() -> trio.Event:
-    event = trio.Event()
-    event.set()
-    return event
 
 
 @attrs.define(eq=False)
@@ -54,7 +48,6 @@ class SleepState:
     level: int = 0
     paused: bool = False  # the scheduler: new requests wait while True
     sleeping_tags: frozenset[str] = frozenset()
-    _resumed: trio.Event = attrs.field(factory=_resumed_event, init=False)
 
     @property
     def is_sleeping(self) -> bool:
@@ -63,9 +56,7 @@ class SleepState:
 
     def sleep(self, level: int) -> None:
         """``EngineCore.sleep`` (``core.py:993-1029``): pause; from level 1, every pool sleeps."""
-        if not self.paused:
-            self.paused = True
-            self._resumed = trio.Event()
+        self.paused = True
         if level >= 1 and "weights" not in self.sleeping_tags:  # executor: "already sleeping"
             self.sleeping_tags = SLEEP_TAGS
         self.level = level  # AsyncLLM.sleep records the level asked for (async_llm.py:1198-1204)
@@ -80,7 +71,6 @@ class SleepState:
             return False
         self.paused = False
         self.level = 0
-        self._resumed.set()
         return True
 
     def _wake_pools(self, pools: Sequence[str] | None) -> None:
@@ -89,12 +79,6 @@ class SleepState:
         if pools and any(pool not in self.sleeping_tags for pool in pools):
             return  # "Tag %s is not in sleeping tags %s": nothing wakes
         self.sleeping_tags = self.sleeping_tags.difference(pools) if pools else frozenset()
-
-    async def wait_until_resumed(self) -> None:
-        """Return once the scheduler runs.  Awake, this returns without a checkpoint, so a
-        caller's admission checks still hold when it submits right after."""
-        while self.paused:
-            await self._resumed.wait()
 
     def sleep_state_gauge(self) -> dict[str, int]:
         """vLLM's ``engine_sleep_state`` values by its ``sleep_state`` label

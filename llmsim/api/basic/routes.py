@@ -36,42 +36,45 @@ async def version(call: Call) -> None:
 
 
 async def models(call: Call) -> None:
-    """vLLM's model cards: one per served model name, ``root`` the model path, each
-    with one default ``ModelPermission`` (vllm/entrypoints/openai/models/serving.py:
-    66-77; vllm/entrypoints/serve/engine/protocol.py:90-112), its id
-    ``modelperm-<16 hex>`` fresh each time as vLLM's ``random_uuid()``."""
+    """vLLM's model cards: one per served model name, ``root`` the model path, then one
+    per LoRA adapter, ``root`` its path and ``parent`` its base model, no
+    ``max_model_len`` (vllm/entrypoints/openai/models/serving.py:66-77,148-162).  Each
+    has one default ``ModelPermission`` (vllm/entrypoints/serve/engine/protocol.py:
+    90-112), its id ``modelperm-<16 hex>`` fresh each time as vLLM's ``random_uuid()``."""
     ctx = call.ctx
     model = ctx.model
     created = int(ctx.wall_clock())
-    cards = [
-        {
-            "id": name,
-            "object": "model",
-            "created": created,
-            "owned_by": "vllm",
-            "root": model.name,
-            "parent": None,
-            "max_model_len": model.max_model_len,
-            "permission": [
-                {
-                    "id": "modelperm-" + secrets.token_hex(8),
-                    "object": "model_permission",
-                    "created": created,
-                    "allow_create_engine": False,
-                    "allow_sampling": True,
-                    "allow_logprobs": True,
-                    "allow_search_indices": False,
-                    "allow_view": True,
-                    "allow_fine_tuning": False,
-                    "organization": "*",
-                    "group": None,
-                    "is_blocking": False,
-                }
-            ],
-        }
-        for name in model.model_names
-    ]
+    cards = [_card(name, model.name, None, model.max_model_len, created) for name in model.model_names]
+    cards += [_card(lora.name, lora.path, lora.parent, None, created) for lora in ctx.loras.adapters.values()]
     call.respond_json({"object": "list", "data": cards})
+
+
+def _card(name: str, root: str, parent: str | None, max_model_len: int | None, created: int) -> dict[str, object]:
+    return {
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": root,
+        "parent": parent,
+        "max_model_len": max_model_len,
+        "permission": [
+            {
+                "id": "modelperm-" + secrets.token_hex(8),
+                "object": "model_permission",
+                "created": created,
+                "allow_create_engine": False,
+                "allow_sampling": True,
+                "allow_logprobs": True,
+                "allow_search_indices": False,
+                "allow_view": True,
+                "allow_fine_tuning": False,
+                "organization": "*",
+                "group": None,
+                "is_blocking": False,
+            }
+        ],
+    }
 
 
 def register(router: Router) -> None:

@@ -16,7 +16,7 @@ from llmsim.api.chat.tools import plan_choices, tool_specs
 from llmsim.api.context import ApiContext, Call
 from llmsim.api.errors import JSON_HEADERS
 from llmsim.api.failures import check_injected_failure
-from llmsim.api.generation import RequestIdentity, check_job_count, collect, stream
+from llmsim.api.generation import RequestIdentity, check_job_count, check_output_volume, collect, stream
 from llmsim.api.logprobs_format import ChatLogprobs, choice_seed
 from llmsim.api.logprobs_limit import checked_logprobs
 from llmsim.api.plan import (
@@ -57,6 +57,7 @@ async def chat_completions(call: Call) -> None:
     )
     cap = output_cap(ctx, len(prompt_ids), max_tokens)
     check_sampling_params(request, cap)  # SamplingParams, after the prompt (chat_completion/serving.py:350-380)
+    check_output_volume(ctx, (cap,), request.choices_per_prompt, (request.top_logprobs or 0) if request.logprobs else 0)
     identity = RequestIdentity.of(call, "chatcmpl-", request.request_id)
     echo_text = last_user_text(request.messages)
     calling = bool(tools) and request.effective_tool_choice != "none"

@@ -7,7 +7,7 @@ from llmsim.api.completions.request import CompletionRequest, check_suffix, pars
 from llmsim.api.context import ApiContext, Call
 from llmsim.api.errors import JSON_HEADERS, ApiError
 from llmsim.api.failures import check_injected_failure
-from llmsim.api.generation import RequestIdentity, check_job_count, collect, stream
+from llmsim.api.generation import RequestIdentity, check_job_count, check_output_volume, collect, stream
 from llmsim.api.logprobs_format import CompletionLogprobs, EchoedPrompt, choice_seed
 from llmsim.api.logprobs_limit import checked_logprobs
 from llmsim.api.plan import GenerationPlan, PromptPlan, output_cap, plan_text_choices, stop_rule
@@ -40,6 +40,7 @@ async def completions(call: Call) -> None:
     caps = [output_cap(ctx, len(prompt.token_ids), max_tokens) for prompt in prompts]
     for cap in caps:  # SamplingParams per prompt, once every prompt passed (completion/serving.py:157-176)
         check_sampling_params(request, cap)
+    check_output_volume(ctx, caps, request.choices_per_prompt, request.logprobs or 0)
     identity = RequestIdentity.of(call, "cmpl-", request.request_id)
     n = request.choices_per_prompt
     turns = plan_text_choices(

@@ -31,7 +31,7 @@ from llmsim.api.failures import check_injected_failure
 from llmsim.api.generate.logprobs import GenerateLogprobs
 from llmsim.api.generate.render import GenerateShape, GenerateStreamRenderer, generate_body, prefill_transfer_params
 from llmsim.api.generate.request import GenerateRequest, parse_generate_request
-from llmsim.api.generation import RequestIdentity, check_job_count, collect, stream
+from llmsim.api.generation import RequestIdentity, check_job_count, check_output_volume, collect, stream
 from llmsim.api.logprobs_limit import checked_logprobs
 from llmsim.api.plan import GenerationPlan, PromptPlan, StopRule, TurnPlan, output_cap, plan_text_choices
 from llmsim.api.prompts import check_prompt_length
@@ -56,6 +56,7 @@ async def generate(call: Call) -> None:
     check_prompt_length(ctx.model.max_model_len, len(prompt), prompt_is_text=False)
     room = ctx.model.max_model_len - len(prompt)
     cap = output_cap(ctx, len(prompt), params.max_tokens)
+    check_output_volume(ctx, (cap,), params.n, params.logprobs or 0)
     identity = RequestIdentity.of(call, "generate-tokens-", request.request_id)
     turns = plan_text_choices(
         ctx,

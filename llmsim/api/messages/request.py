@@ -200,7 +200,8 @@ def _check_source(source: object, at: str) -> None:
     if not isinstance(source, dict):
         raise ApiError(400, f"{at}.source: Field required (an object)", param=f"{at}.source")
     kind = source.get("type")
-    needed = {"base64": "data", "url": "url", "text": "data", "file": "file_id", "content": "content"}.get(kind)  # type: ignore[arg-type]
+    fields = {"base64": "data", "url": "url", "text": "data", "file": "file_id", "content": "content"}
+    needed = fields.get(kind) if isinstance(kind, str) else None  # a list or object as the type is a 400
     if needed is None:
         raise ApiError(400, f"{at}.source.type: Input should be 'base64' or 'url'", param=f"{at}.source.type")
     if source.get(needed) is None:

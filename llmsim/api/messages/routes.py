@@ -12,7 +12,7 @@ from __future__ import annotations
 from llmsim.api.context import Call
 from llmsim.api.errors import JSON_HEADERS
 from llmsim.api.failures import check_injected_failure
-from llmsim.api.generation import RequestIdentity, check_job_count, collect, stream
+from llmsim.api.generation import RequestIdentity, check_job_count, check_output_volume, collect, stream
 from llmsim.api.messages.render import (
     MessageShell,
     MessagesStreamRenderer,
@@ -60,6 +60,7 @@ async def create_message(call: Call) -> None:
     identity = RequestIdentity.of(call, "msg_")
     request_id = identity.request_id
     cap = output_cap(ctx, len(prompt), request.max_tokens)
+    check_output_volume(ctx, (cap,), 1, 0)
     planned = []
     if tools:
         specs = [tool.spec for tool in tools]

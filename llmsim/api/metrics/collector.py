@@ -13,8 +13,8 @@ labelled child vLLM creates up front is reported from the start, at 0.  Counters
 histograms carry a ``_created`` sample, as ``prometheus_client`` gives vLLM's.
 
 Families vLLM only has with a feature llmsim does not simulate (speculative decoding,
-KV connectors, LoRA before llmsim serves adapters, NaN and watermark accounting, KV
-block residency sampling) are left out, as vLLM leaves them out without the feature.
+KV connectors, LoRA without ``--enable-lora`` or adapters, NaN and watermark accounting,
+KV block residency sampling) are left out, as vLLM leaves them out without the feature.
 """
 
 from __future__ import annotations
@@ -81,6 +81,8 @@ class EngineReading:
     sleep_state: Mapping[str, int] = attrs.field(factory=lambda: dict(_AWAKE))
     fake: FakeMetricsSnapshot | None = None
     max_loras: int = 1
+    lora: tuple[LoraInfo, ...] | None = None  # the engine's lora_requests_info series; None without LoRA
+    deferred: int = 0  # waiting requests held by the LoRA budget (vLLM's num_skipped_waiting_reqs)
 
     def gauge(self, name: str, real: float) -> float:
         return self.fake.gauges.get(name, real) if self.fake is not None else real
@@ -148,7 +150,7 @@ class VllmCollector:
             "'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked status). "
             "Sum of all reasons equals vllm:num_requests_waiting.",
             "reason",
-            {"capacity": waiting, "deferred": 0},
+            {"capacity": max(waiting - reading.deferred, 0), "deferred": reading.deferred},
         )
         yield self._sleep_state(reading.sleep_state)
         kv_cache_usage = reading.gauge("kv_cache_usage_perc", reading.kv_cache_usage)
@@ -187,6 +189,8 @@ class VllmCollector:
         yield self._cache_config_info()
         if reading.fake is not None and reading.fake.lora_requests_info is not None:
             yield self._lora_requests_info(reading.fake.lora_requests_info, reading.max_loras)
+        elif reading.lora is not None:
+            yield self._lora_requests_info(reading.lora, reading.max_loras)
 
     # --- families --------------------------------------------------------------------------
 
@@ -266,7 +270,7 @@ class VllmCollector:
 
     def _lora_requests_info(self, series: Sequence[LoraInfo], max_loras: int) -> Metric:
         """vLLM's LoRA gauge (``loggers.py:1097-1112``, ``set_to_current_time``): labels
-        only, the value a timestamp; here the fake configuration's series."""
+        only, the value a timestamp; the fake configuration's series or the engine's."""
         family = GaugeMetricFamily(
             "vllm:lora_requests_info",
             "Running stats on lora requests.",

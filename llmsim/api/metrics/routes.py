@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from llmsim.api.context import ApiContext, Call
 from llmsim.api.metrics.collector import CacheInfo, EngineReading, VllmCollector
+from llmsim.api.metrics.lora import LoraSeries
 from llmsim.api.router import Router
 from llmsim.engine.fake_metrics import FakeMetrics
 
@@ -79,17 +80,27 @@ class _FakeMetricsCache:
 
 def _reader(ctx: ApiContext) -> Callable[[], EngineReading]:
     fake_metrics = _FakeMetricsCache()
+    lora_series = LoraSeries()
 
     def read() -> EngineReading:
         engine, control = ctx.engine, ctx.control
         fake = fake_metrics.get(control.fake_metrics, ctx.model.max_model_len)
+        statistics = engine.statistics()
+        lora, deferred = None, 0
+        if ctx.loras.enabled:  # vLLM has the family only with a LoRA config (loggers.py:1092)
+            state = engine.lora_state()
+            busy = statistics.running + statistics.waiting > 0
+            lora, deferred = lora_series.read(state.adapters, busy, ctx.wall_clock()), state.deferred
         return EngineReading(
-            statistics=engine.statistics(),
+            statistics=statistics,
             metrics=engine.metrics.snapshot(),
             sleep_state=ctx.sleep.sleep_state_gauge(),
             fake=None
             if fake is None
             else fake.snapshot(max(0.0, ctx.clock() - ctx.started_at), control.fake_metrics_refresh_interval),
+            max_loras=engine.options.max_loras,
+            lora=lora,
+            deferred=deferred,
         )
 
     return read

@@ -14,6 +14,7 @@ types as the rest of the request.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -114,4 +115,9 @@ def _stream_options(options: StreamOptions) -> dict[str, object]:
 
 
 def dump(value: object) -> bytes:
-    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+    """The body as compact JSON; integers beyond 64 bits (which a request may carry in
+    ``n`` or ``priority``, as pydantic accepts them) through the stdlib's encoder."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()

@@ -41,7 +41,13 @@ from llmsim.api.render.sources import (
     messages_parse_context,
     responses_media,
 )
-from llmsim.api.request_fields import SamplingFields, StreamOptions, check_sampling_fields, check_sampling_params
+from llmsim.api.request_fields import (
+    SamplingFields,
+    StreamOptions,
+    check_n_limit,
+    check_sampling_fields,
+    check_sampling_params,
+)
 from llmsim.api.responses import request as responses_request
 from llmsim.api.router import Router
 from llmsim.model.tokenizer import ChatTurn
@@ -62,6 +68,7 @@ async def render_chat(call: Call) -> None:
     max_tokens = request.requested_max_tokens
     check_context_length(ctx.model.max_model_len, len(token_ids), max_tokens, max_tokens_param=request.max_tokens_param)
     cap = output_cap(ctx, len(token_ids), max_tokens)
+    check_n_limit(request.choices_per_prompt)  # SamplingParams (scale_out/render/serving.py:178)
     check_sampling_params(request, cap)  # as chat checks it, after the prompt
     sampling = RenderedSampling(
         fields=request,
@@ -105,6 +112,7 @@ async def render_completions(call: Call) -> None:
     rendered = []
     for index, prompt in enumerate(prompts):
         cap = output_cap(ctx, len(prompt.token_ids), max_tokens)
+        check_n_limit(request.choices_per_prompt)  # SamplingParams (scale_out/render/serving.py:310)
         check_sampling_params(request, cap)  # as completions checks it, after the prompt
         sampling = RenderedSampling(
             fields=request,

@@ -20,7 +20,7 @@ from typing import Any
 from llmsim.api.context import ApiContext, Call
 from llmsim.api.errors import JSON_HEADERS, ApiError, validation_error
 from llmsim.api.failures import check_injected_failure
-from llmsim.api.generation import RequestIdentity, check_job_count, collect, stream
+from llmsim.api.generation import RequestIdentity, check_job_count, check_output_volume, collect, stream
 from llmsim.api.logprobs_format import choice_seed
 from llmsim.api.logprobs_limit import checked_logprobs
 from llmsim.api.plan import (
@@ -107,6 +107,7 @@ async def create_response(call: Call) -> None:
     request_id = identity.request_id
     ids = TurnIds.of(random.Random(f"{ctx.model.seed}:{request_id}:ids"))
     cap = output_cap(ctx, len(prompt), request.max_output_tokens)
+    check_output_volume(ctx, (cap,), 1, top_logprobs)
     if calling:
         engine_choice: ToolChoice = NamedToolChoice(choice.forced.name) if choice.forced is not None else "required"
         with planning_errors():

@@ -40,6 +40,7 @@ class Http1Response(OutboundStream):
     host: Http1Handler
     chunked: bool = attrs.field(default=False, init=False)  # h11 chose chunked framing: chunks are made here
     end_sent: bool = attrs.field(default=False, init=False)  # EndOfMessage is in the last batch
+    trailers: tuple[tuple[bytes, bytes], ...] = attrs.field(default=(), init=False)  # injected (.faulty)
 
 
 class Http1Handler:
@@ -200,6 +201,27 @@ class Http1Handler:
         self.connection_lost()
         self._finish()
 
+    # --- injected faults (.faulty) -------------------------------------------------------
+    multiplexed = False
+
+    def inject_reset(self, stream: Http1Response, code: int) -> None:
+        """HTTP/1.1 cannot reset one response: close the connection mid-body."""
+        if stream is self._response:
+            self.fail(stream)
+
+    def inject_goaway(self, stream: Http1Response) -> None:
+        """``Connection: close`` in the head not sent yet, and close after this response."""
+        self._close_after_response()
+
+    def inject_close(self, stream: Http1Response) -> None:
+        self.inject_reset(stream, 0)
+
+    def send_trailers(self, stream: Http1Response, fields: tuple[tuple[bytes, bytes], ...]) -> None:
+        """The last chunk, then these fields (a chunked body; else h11 refuses and the
+        connection closes)."""
+        stream.trailers = fields
+        stream.end()
+
     def outgoing(self) -> bytes:
         stream = self._response
         if stream is not None:
@@ -233,7 +255,8 @@ class Http1Handler:
             else:
                 out.append(self._send(h11.Data(data=data)))
         if stream.fully_taken and not stream.end_sent:
-            out.append(self._send(h11.EndOfMessage()))
+            end = h11.EndOfMessage(headers=list(stream.trailers)) if stream.trailers else h11.EndOfMessage()
+            out.append(self._send(end))
             stream.end_sent = True
 
     def _send(self, event: h11.Event) -> bytes:

@@ -25,7 +25,7 @@ import trio
 from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 
-from llmsim.api.http import HttpRequest, ResponseState
+from llmsim.api.http import HttpRequest, ResponseEvent, ResponseState, next_state
 from llmsim.protocol.native.base import HandlerPhase, Transport
 from llmsim.protocol.native.frames import goaway_frame
 from llmsim.protocol.native.h2_fastpath import (
@@ -295,10 +295,45 @@ class Http2Handler:
             self._t.wake_writer()
 
     def fail(self, stream: Http2Stream) -> None:
+        self.inject_reset(stream, ErrorCodes.INTERNAL_ERROR)
+
+    # --- injected faults (.faulty) -------------------------------------------------------
+    multiplexed = True
+
+    def inject_reset(self, stream: Http2Stream, code: int) -> None:
+        """RST_STREAM ``code``, then forget the stream as a client's reset does."""
         if stream.stream_id in self._streams:
-            self._h2.reset_stream(stream.stream_id, ErrorCodes.INTERNAL_ERROR)
+            self._h2.reset_stream(stream.stream_id, code)
             self._drop(stream)
             self._t.wake_writer()
+
+    def inject_goaway(self, stream: Http2Stream) -> None:
+        """GOAWAY (NO_ERROR) naming ``stream``: later streams already open are reset with
+        REFUSED_STREAM (not processed, so safe to retry), new ones are refused, and the
+        connection closes once the streams up to ``stream`` are done."""
+        if self._phase is not _OPEN:
+            return
+        self._phase = _CLOSING
+        self._prefix += goaway_frame(stream.stream_id)
+        for later in [other for other in self._streams.values() if other.stream_id > stream.stream_id]:
+            self.inject_reset(later, ErrorCodes.REFUSED_STREAM)
+        self._t.wake_writer()
+
+    def inject_close(self, stream: Http2Stream) -> None:
+        self._abort_streams()
+        self._phase = _FINISHED
+        self._t.wake_writer()
+
+    def send_trailers(self, stream: Http2Stream, fields: tuple[tuple[bytes, bytes], ...]) -> None:
+        """A HEADERS frame with END_STREAM (through h2: trailers take its state machine)."""
+        if stream.stream_id not in self._streams:
+            return
+        stream.state = next_state(stream.state, ResponseEvent.END)
+        self._h2.send_headers(stream.stream_id, list(fields), end_stream=True)
+        out: list[bytes] = []
+        self._done(stream, out)
+        self._prefix += b"".join(out)
+        self._t.wake_writer()
 
     # --- output ------------------------------------------------------------------------
     def outgoing(self) -> bytes:
@@ -350,10 +385,9 @@ class Http2Handler:
                 self._done(stream, out)
                 return
             stream.h2stream = sendable_stream(h2conn, sid)
-        if stream.buffered:
-            if stream.drained_callbacks:
-                self._sent.append(stream)  # flushed() may wake its producer
-        elif not stream.state.ended:
+        if stream.drained_callbacks:
+            self._sent.append(stream)  # flushed() may wake its producer (or a fault waiting for the head)
+        if not stream.buffered and not stream.state.ended:
             return
         h2stream = sendable_stream(h2conn, sid)
         if h2stream is None:

@@ -22,6 +22,8 @@ from typing import Protocol, Self, TypeVar
 import attrs
 
 from llmsim.api.http import Application, HttpRequest
+from llmsim.protocol.faults import FAULT_HEADER
+from llmsim.protocol.native.faulty import run_with_faults
 from llmsim.protocol.response import BufferedResponse, StreamHost
 
 __all__ = ["NativeHost", "OutboundStream", "content_length", "run_handler", "split_target"]
@@ -37,6 +39,24 @@ class NativeHost(StreamHost[_StreamT], Protocol[_StreamT]):
 
     def fail(self, stream: _StreamT) -> None:
         """``stream``'s handler failed after its head was decided: abort it on the wire."""
+
+    # The hooks of injected faults (:mod:`.faulty`; each a no-op once the stream is gone).
+    @property
+    def multiplexed(self) -> bool:
+        """HTTP/2 (a GOAWAY can follow any event); False on HTTP/1.1 ("Connection: close" in the head)."""
+
+    def inject_reset(self, stream: _StreamT, code: int) -> None:
+        """Reset ``stream`` as a client's RST_STREAM would (HTTP/2: RST_STREAM ``code``;
+        HTTP/1.1: close the connection mid-body)."""
+
+    def inject_goaway(self, stream: _StreamT) -> None:
+        """Accept no new requests; ``stream`` is the last one answered."""
+
+    def inject_close(self, stream: _StreamT) -> None:
+        """Close the connection now, without GOAWAY or a last chunk."""
+
+    def send_trailers(self, stream: _StreamT, fields: tuple[tuple[bytes, bytes], ...]) -> None:
+        """End ``stream`` (everything written is on the wire) with these trailer fields."""
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -77,7 +97,12 @@ class OutboundStream(BufferedResponse):
 
 async def run_handler(app: Application, request: HttpRequest, stream: OutboundStream) -> None:
     """Run ``app.handle`` for one request; a handler that fails gets a 500 (or, if its
-    head is already decided, the stream is aborted on the wire)."""
+    head is already decided, the stream is aborted on the wire).  A request with an
+    ``x-llmsim-fault`` header goes to :func:`.faulty.run_with_faults` instead."""
+    for name, value in request.headers:
+        if name == FAULT_HEADER:
+            await run_with_faults(app, request, stream, value)
+            return
     with stream.cancel_scope:
         try:
             await app.handle(request, stream)

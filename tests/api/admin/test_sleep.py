@@ -169,15 +169,16 @@ async def test_requests_wait_while_asleep_and_run_once_fully_awake(backend: str)
             await trio.testing.wait_all_tasks_blocked(0.05)
             still_held = list(done)
             await client.post("/wake_up?tags=kv_cache")
-    assert held == still_held == []
+    assert held == still_held == ["stream head 200"]  # queued in the engine: the head goes out at once
     assert sorted(done) == ["completion 200", "stream end", "stream head 200"]
 
 
-async def test_a_held_request_never_reaches_the_engine_and_can_leave(autojump_clock: MockClock) -> None:
-    """The gate is in front of the engine: a held request holds no slot, and a client
-    that leaves while held leaves nothing behind."""
+async def test_a_request_made_while_asleep_waits_in_the_engine_and_can_leave(autojump_clock: MockClock) -> None:
+    """vLLM queues it in the paused scheduler (core.py:2225-2233): it counts as waiting, its
+    queue time runs, and a client that leaves while it waits leaves nothing behind."""
     async with running(enable_sleep_mode=True) as sim:
-        sim.ctx.sleep.sleep(1)
+        asleep = FakeResponse()
+        await sim.app.handle(HttpRequest("POST", "/sleep", query="level=1"), asleep)
         held = FakeResponse()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(post, sim, "/v1/chat/completions", CHAT, (), held)
@@ -189,13 +190,19 @@ async def test_a_held_request_never_reaches_the_engine_and_can_leave(autojump_cl
 
             nursery.start_soon(leaves)
             await trio.testing.wait_all_tasks_blocked()
-            while_asleep, status_while_asleep = sim.engine.statistics(), held.status
+            while_asleep = sim.engine.statistics()
             leaving.cancel()
             await trio.testing.wait_all_tasks_blocked()
-            sim.ctx.sleep.wake_up(None)
+            after_leaving = sim.engine.statistics()
+            await trio.sleep(1.0)
+            await sim.app.handle(HttpRequest("POST", "/wake_up"), FakeResponse())
         after = sim.engine.statistics()
-    assert (while_asleep.submitted, while_asleep.waiting, status_while_asleep) == (0, 0, None)
-    assert (after.submitted, after.finished, held.status) == (1, 1, 200)
+        queue_time = sim.engine.metrics.snapshot().histograms["request_queue_time_seconds"]
+    assert asleep.status == 200
+    assert (while_asleep.submitted, while_asleep.waiting, while_asleep.running) == (2, 2, 0)
+    assert (after_leaving.waiting, after_leaving.cancelled) == (1, 1)
+    assert (after.finished, held.status) == (1, 200)
+    assert queue_time.count == 1 and queue_time.sum >= 1.0  # the time asleep is queue time
 
 
 @pytest.mark.parametrize("backend", ["native", "hypercorn"])

@@ -215,7 +215,8 @@ async def test_token_ids_beyond_the_vocabulary_are_400_not_500(autojump_clock: M
         assert error["param"] is None and error["message"].endswith(" is out of vocabulary")
 
 
-async def test_more_choices_than_the_engine_can_hold_are_429_at_once(autojump_clock: MockClock) -> None:
+async def test_more_choices_than_the_engine_can_hold_are_400_at_once(autojump_clock: MockClock) -> None:
+    """A 400 naming the limit, not a 429: retrying can never help (issue 17)."""
     async with running(max_num_seqs=4, max_waiting_queue_length=6) as sim:
         # n within vLLM's VLLM_MAX_N_SEQUENCES (16384; beyond it a 400, tests/api/test_sampling_limits.py)
         huge = await post(sim, PATH, {"prompt": "hi", "n": 16_384, "max_tokens": 2})
@@ -224,8 +225,10 @@ async def test_more_choices_than_the_engine_can_hold_are_429_at_once(autojump_cl
         chat = await post(sim, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 11})
         assert sim.engine.statistics().rejected == 0  # refused before any job was built
     for refused in (huge, prompts, chat):
-        assert refused.status == 429, refused.body
-        assert refused.json()["error"]["type"] == "RateLimitError"
+        assert refused.status == 400, refused.body
+        error = refused.json()["error"]
+        assert error["type"] == "BadRequestError" and error["param"] == "n"
+        assert "at most 10 requests" in error["message"] and "max-waiting-queue-length 6" in error["message"]
     assert fits.status == 200 and len(fits.json()["choices"]) == 10
 
 
