@@ -19,6 +19,7 @@ from llmsim.api.lora import routes as lora_api
 from llmsim.api.responses.store import ResponseStore
 from llmsim.api.router import Api, Router
 from llmsim.config import Config, ConfigError
+from llmsim.engine.kv_cache import BlockPool
 from llmsim.engine.metric_buckets import parse_custom_buckets
 from llmsim.engine.metrics import EngineMetrics
 from llmsim.engine.scheduler import Engine
@@ -46,7 +47,16 @@ def build_engine(config: Config) -> Engine:
         config.latency,
         rng=random.Random(config.model.seed),
         metrics=EngineMetrics(config.model.max_model_len, _custom_buckets(config)),
+        kv_cache=_kv_cache(config),
     )
+
+
+def _kv_cache(config: Config) -> BlockPool | None:
+    """With ``--enable-kvcache``, the block pool, keyed by the first served model name."""
+    options = config.engine
+    if not options.enable_kvcache:
+        return None
+    return BlockPool(options.kv_cache_size, options.block_size, options.hash_seed, model=config.model.display_model)
 
 
 def _custom_buckets(config: Config) -> dict[str, tuple[float, ...]] | None:

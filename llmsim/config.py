@@ -409,6 +409,8 @@ def _environment_items(environ: Mapping[str, str]) -> list[tuple[str, str, str]]
     items = [("model", environ["SIM_MODEL"], "SIM_MODEL")] if "SIM_MODEL" in environ else []
     if environ.get("VLLM_API_KEY"):  # vLLM's variable; --api-key wins over it, as in vLLM
         items.append(("api_key", environ["VLLM_API_KEY"], "VLLM_API_KEY"))
+    if "PYTHONHASHSEED" in environ:  # llm-d-inference-sim's fallback for --hash-seed
+        items.append(("hash_seed", environ["PYTHONHASHSEED"], "PYTHONHASHSEED"))
     for name in SETTINGS:
         variable = "LLMSIM_" + name.upper()
         if variable in environ:

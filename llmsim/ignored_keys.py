@@ -48,10 +48,6 @@ _VLLM_ONLY: dict[str, str] = {
 }
 
 _LLMD_NOT_YET: dict[str, str] = {
-    "enable-kvcache": "switch",
-    "kv-cache-size": "value",
-    "block-size": "value",
-    "hash-seed": "value",
     "zmq-endpoint": "value",
     "event-batch-size": "value",
     "use-vllm-map-event-format": "switch",

@@ -183,6 +183,15 @@ def _positive_or_unset(instance: object, attribute: attrs.Attribute[Any], value:
         _positive(instance, attribute, value)
 
 
+#: llm-d-inference-sim's allowed --block-size values (its config validation).
+BLOCK_SIZES = (8, 16, 32, 64, 128)
+
+
+def _block_size(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    if value not in BLOCK_SIZES:
+        raise ConfigError(option_key(attribute), f"must be one of {', '.join(map(str, BLOCK_SIZES))}, got {value}")
+
+
 def _percent(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
     if not 0 <= value <= 100:
         raise ConfigError(option_key(attribute), f"must be a percentage in 0..100, got {value}")
@@ -424,6 +433,19 @@ class EngineOptions:
         shown_default="max-loras",
         validator=_positive_or_unset,
         help="adapters kept in CPU memory; checked (>= max-loras), otherwise unused",
+    )
+    enable_kvcache: bool = option(
+        False, help="simulate the KV cache: prefix hits skip prefill, admission waits for free blocks"
+    )
+    kv_cache_size: int = option(1024, metavar="BLOCKS", validator=_positive, help="KV blocks in the cache")
+    block_size: int = option(
+        16, metavar="TOKENS", validator=_block_size, help="tokens per KV block: 8, 16, 32, 64 or 128"
+    )
+    hash_seed: str = option(
+        "",
+        metavar="SEED",
+        shown_default="PYTHONHASHSEED, else empty",
+        help="seed of the KV block hashes (routers must use the same one)",
     )
 
     def __attrs_post_init__(self) -> None:

@@ -97,14 +97,14 @@ def test_precedence_flags_over_environment_over_yaml(tmp_path: Path) -> None:
 
 
 def test_ignored_flags_are_accepted_with_a_note() -> None:
-    argv = ["--tensor-parallel-size", "2", "--enable-prefix-caching", "--no-enforce-eager", "--block-size", "32"]
+    argv = ["--tensor-parallel-size", "2", "--enable-prefix-caching", "--no-enforce-eager", "--dtype", "half"]
     config, notes = _parse(argv)
     assert config == Config()
     assert [note.split(":")[0] for note in notes] == [
         "ignoring --tensor-parallel-size",
         "ignoring --enable-prefix-caching",
         "ignoring --enforce-eager",
-        "ignoring --block-size",
+        "ignoring --dtype",
     ]
 
 

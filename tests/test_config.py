@@ -512,12 +512,12 @@ def test_empty_yaml_file_means_defaults(tmp_path: Path) -> None:
 
 
 def test_ignored_yaml_keys_are_noted(tmp_path: Path) -> None:
-    path = _yaml(tmp_path, "enable-kvcache: true\ntensor_parallel_size: 4\ntokenizers-cache-dir: hf_cache\nport: 9\n")
+    path = _yaml(tmp_path, "omni: true\ntensor_parallel_size: 4\ntokenizers-cache-dir: hf_cache\nport: 9\n")
     notes: list[str] = []
     config = load_config(environ={}, config_path=path, note=notes.append)
     assert config.server.port == 9
     assert [note.split(":")[0] for note in notes] == [
-        "ignoring enable-kvcache",
+        "ignoring omni",
         "ignoring tensor_parallel_size",
         "ignoring tokenizers-cache-dir",
     ]

@@ -6,6 +6,7 @@ them, its request classes (``request.py``) and exact bytes (``render.py``).  Sha
 this level: the seam with the protocol handlers (``http.py``), routing (``router.py``,
 ``context.py``), request structuring (``structure.py``, ``request_fields.py``), prompts
 (``prompts.py``), and the one generation flow every generating family uses: a request
-planned as a :class:`~llmsim.api.plan.GenerationPlan` (``plan.py``), submitted as jobs
+planned as a :class:`~llmsim.api.plan.GenerationPlan` (``plan.py``; each choice a
+:class:`~llmsim.api.turns.TurnPlan`, ``turns.py``, ended by ``stops.py``), submitted as jobs
 and delivered through a sink (``generation.py``), in SSE framing (``sse.py``).
 """

@@ -18,7 +18,7 @@ A plan's EOS token has an empty piece (the text leaves it out) but a logprob ent
 like any sampled token, named by the string of its id as vLLM decodes it
 (``<|im_end|>``; vllm/v1/engine/logprobs.py, ``convert_ids_list_to_tokens``).  Every
 entry names its whole token even where a stream's text lags it (held back for a stop
-string) or a stop cut it (``texts``: the plans' :attr:`~llmsim.api.plan.TurnPlan.token_texts`;
+string) or a stop cut it (``texts``: the plans' :attr:`~llmsim.api.turns.TurnPlan.token_texts`;
 vLLM decodes the token id, vllm/entrypoints/generate/base/serving.py:302-319), and
 completions' ``text_offset`` advances by those tokens, not by the text sent
 (vllm/entrypoints/openai/completion/serving.py:413-418).

@@ -14,6 +14,8 @@ from typing import Protocol
 
 import attrs
 
+from llmsim.engine.kv_cache import PromptBlocks
+
 __all__ = ["Job", "JobSink", "JobState", "RequestGroup"]
 
 
@@ -93,6 +95,7 @@ class Job:
     prefilled_tokens: int = 0  # prompt tokens with KV ready; cached ones count from admission
     deadline: float = 0.0  # absolute due time of the next token (first token while PREFILL)
     slot: float | None = None  # step time of the job's live entry in the engine's schedule; None = none
+    kv_prompt: PromptBlocks | None = None  # the prompt's KV block keys, hashed at submit (with --enable-kvcache)
 
     @property
     def prompt_tokens(self) -> int:

@@ -189,6 +189,10 @@ class BlockPool:
         the prompt.  Counts nothing (see :meth:`allocate`)."""
         return self._prefix_hit(prompt, [self._cached.get(block_hash) for block_hash in prompt.hashes])
 
+    def fits_at_all(self, prompt: PromptBlocks, extra_tokens: int = 0) -> bool:
+        """Whether the empty pool could hold ``prompt`` and ``extra_tokens`` more."""
+        return math.ceil((len(prompt.token_ids) + extra_tokens) / self.block_size) <= self.num_blocks
+
     def cached_tokens(self, request: Hashable) -> int:
         """The prefix hit, in tokens, that ``request`` was admitted with."""
         return self._holdings[request].cached_tokens

@@ -55,6 +55,7 @@ from collections.abc import Callable
 from llmsim.engine.errors import QueueFullError, QueueLimit
 from llmsim.engine.grid import GRID_TOLERANCE, step_grid
 from llmsim.engine.job import Job, JobState
+from llmsim.engine.kv_cache import BlockPool
 from llmsim.engine.latency import LatencyModel
 from llmsim.engine.lora import LoraSlots, LoraState, lora_state
 from llmsim.engine.metrics import EngineMetrics
@@ -79,7 +80,8 @@ class Engine:
 
     ``rng`` drives latency jitter (``llmsim.app.build_engine`` seeds it from ``--seed``);
     ``metrics`` records vLLM's request statistics from the engine's events (a fresh one,
-    bucketed for the default context window, if not given).
+    bucketed for the default context window, if not given).  With ``kv_cache``, a job is
+    admitted only once the pool holds its blocks, and its prefix hit is not prefilled.
     """
 
     def __init__(
@@ -89,8 +91,10 @@ class Engine:
         *,
         rng: random.Random | None = None,
         metrics: EngineMetrics | None = None,
+        kv_cache: BlockPool | None = None,
     ) -> None:
         self._options = options
+        self._kv = kv_cache
         self.metrics = metrics if metrics is not None else EngineMetrics()
         self._latency = LatencyModel.from_options(latency, options.max_num_seqs)
         self._prefill = ChunkedPrefill(options.batched_token_budget, latency.inter_token_latency)
@@ -101,7 +105,9 @@ class Engine:
         self._waiting: deque[Job] = deque()
         self._waiting_count = 0
         self._loras = LoraSlots(options.max_loras)  # vLLM's max_loras rule (llmsim/engine/lora.py)
-        self._lora_blocked: tuple[int, int] | None = None  # (submitted, finished + cancelled) when all were skipped
+        # (submitted, finished + cancelled) when no waiting job could be admitted (every one's
+        # adapter skipped, or the head's KV blocks do not fit): nothing changes until one of them does.
+        self._blocked: tuple[int, int] | None = None
         self._running = 0
         self._decoding = 0
         # The schedule (see the module docstring).
@@ -156,7 +162,7 @@ class Engine:
         step or submit.
         """
         self._options = options
-        self._loras.max_loras, self._lora_blocked = options.max_loras, None
+        self._loras.max_loras, self._blocked = options.max_loras, None
         self._latency = LatencyModel.from_options(latency, options.max_num_seqs)
         self._prefill.reconfigure(options.batched_token_budget, latency.inter_token_latency)
         self._configure()
@@ -217,9 +223,11 @@ class Engine:
         before = self.next_deadline()
         job.arrival_time = now
         self._submitted += 1
+        if self._kv is not None:
+            job.kv_prompt = self._kv.prompt(job.prompt_token_ids, lora_name=job.lora)
         free = self._waiting_count == 0 and self._running < self._options.max_num_seqs
         free = free and (job.lora is None or self._loras.fits(job.lora))
-        if free and self._pause_state is PauseState.UNPAUSED:
+        if free and self._pause_state is PauseState.UNPAUSED and self._allocate(job):
             self._admit(job, now)
         elif self._waiting_count >= self._options.max_waiting_queue_length:
             job.state = JobState.REJECTED
@@ -378,6 +386,17 @@ class Engine:
             job.sink.on_output(job, job.emitted, job.emitted, now)
         return len(jobs)
 
+    def clear_kv_cache(self) -> None:
+        """Forget every cached block (sleep at level >= 1: ``vllm/v1/engine/core.py:1007``);
+        running jobs keep the blocks they hold."""
+        if self._kv is not None:
+            self._kv.clear()
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """The fraction of KV blocks held by jobs (0 without a KV cache)."""
+        return 0.0 if self._kv is None else self._kv.usage
+
     def statistics(self) -> EngineStatistics:
         return EngineStatistics(
             running=self._running,
@@ -401,24 +420,43 @@ class Engine:
 
     def _fill_slots(self, now: float) -> None:
         """Admit waiting jobs, oldest first, while slots are free; one whose LoRA adapter does not
-        fit keeps its place (vllm/v1/core/sched/scheduler.py:1091-1101), the rest may pass it."""
+        fit keeps its place (vllm/v1/core/sched/scheduler.py:1091-1101), the rest may pass it; one
+        whose KV blocks do not fit stops admission until blocks are freed."""
         if self._pause_state is not PauseState.UNPAUSED or not self._waiting_count:
             return  # paused: waiting jobs stay queued
-        if self._lora_blocked is not None and self._lora_blocked == (self._submitted, self._finished + self._cancelled):
-            return  # every waiting job was skipped, and no job has come or gone since
+        if self._blocked is not None and self._blocked == (self._submitted, self._finished + self._cancelled):
+            return  # nothing could be admitted, and no job has come or gone since
         waiting = self._waiting
         skipped: list[Job] = []
+        kv_blocked = False
         while self._waiting_count > len(skipped) and self._running < self._options.max_num_seqs:
             job = waiting.popleft()
             if job.state is JobState.WAITING and job.lora is not None and not self._loras.fits(job.lora):
                 skipped.append(job)
             elif job.state is JobState.WAITING:
+                if not self._allocate(job):  # FCFS: nothing passes it (sched/scheduler.py:1454-1461)
+                    waiting.appendleft(job)
+                    kv_blocked = True
+                    break
                 self._waiting_count -= 1
                 self._admit(job, max(now, job.arrival_time))
         if skipped:
             waiting.extendleft(reversed(skipped))
         all_skipped = skipped and self._waiting_count == len(skipped)
-        self._lora_blocked = (self._submitted, self._finished + self._cancelled) if all_skipped else None
+        blocked = all_skipped or kv_blocked
+        self._blocked = (self._submitted, self._finished + self._cancelled) if blocked else None
+
+    def _allocate(self, job: Job) -> bool:
+        """Reserve ``job``'s KV blocks (prompt and planned output) and take its prefix hit
+        as ``job.cached_tokens``; False, changing nothing, when the pool cannot hold them
+        yet.  A job larger than the whole pool runs without blocks rather than wait forever."""
+        kv, prompt = self._kv, job.kv_prompt
+        if kv is None or prompt is None or not kv.fits_at_all(prompt, len(job.output)):
+            return True
+        if not kv.allocate(job, prompt, extra_tokens=len(job.output)):
+            return False
+        job.cached_tokens = kv.cached_tokens(job)
+        return True
 
     def _admit(self, job: Job, now: float) -> None:
         self._running += 1
@@ -446,6 +484,8 @@ class Engine:
 
     def _release(self, job: Job, *, decoding: bool) -> None:
         del self._admitted[job]
+        if self._kv is not None:
+            self._kv.free(job)
         self._running -= 1
         if decoding:
             self._decoding -= 1
@@ -552,6 +592,8 @@ class Engine:
                     self._running -= 1
                     self._decoding -= 1
                     del self._admitted[job]
+                    if self._kv is not None:
+                        self._kv.free(job)
                     metrics.finished(job, now)
                     if self._waiting_count:
                         self._fill_slots(deadline)

@@ -23,7 +23,7 @@ byte.
 
 The drawn length is the text.  A ``"stop"`` output is one the model ends itself, with
 its EOS token (:class:`EosToken`), which the API plans as one more token after the text
-for the endpoints that send and count it as vLLM does (see ``llmsim.api.plan``); a
+for the endpoints that send and count it as vLLM does (see ``llmsim.api.stops``); a
 ``"stop"`` text is therefore always shorter than the cap, leaving room for that token.
 """
 

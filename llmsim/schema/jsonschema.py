@@ -28,8 +28,8 @@ llm-d-inference-sim's, with its defaults; explicit schema bounds always win over
 This module is the compiler; around it, :mod:`llmsim.schema.keywords` checks
 keyword values and merges raw schemas, :mod:`llmsim.schema.nodes` holds the
 compiled tree and generates from it, :mod:`llmsim.schema.checks` proves the
-whole-tree properties above, and :mod:`llmsim.schema.formats` supplies words
-and format values.
+whole-tree properties above, :mod:`llmsim.schema.limits` bounds the schema's size
+and complexity, and :mod:`llmsim.schema.formats` supplies words and format values.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ from llmsim.schema.keywords import (
     normalize,
     types_of,
 )
+from llmsim.schema.limits import Budget, check_enum, check_min_items, check_min_length, check_min_size
 from llmsim.schema.nodes import (
     ANY,
     Arrays,
@@ -79,16 +80,6 @@ from llmsim.schema.regex import PatternError, StringPattern, compile_pattern
 
 __all__ = ["CompiledSchema", "ToolSchemaError", "compile_schema"]
 
-MAX_MIN_LENGTH = 10_000  # largest minLength accepted
-MAX_MIN_ITEMS = 1_000  # largest minItems accepted
-MAX_MIN_SIZE = 100_000  # largest forced size (values, long strings count more)
-MAX_NESTING = 64  # schemas nested deeper than this are refused
-# Complexity bounds, so no schema a client sends can hold the event loop for long (compiling
-# is linear in the schema's size: ~60 us a node).  5,000 properties is OpenAI's documented
-# structured-output limit; an enum is generated from by sampling, so 1,000 values is plenty.
-MAX_PROPERTIES = 5_000  # properties (declared or required) over the whole schema
-MAX_ENUM = 1_000  # values in one enum
-MAX_NODES = 10_000  # schemas compiled, $ref targets once, allOf/anyOf distribution included
 _MERGE_DEPTH = 32  # nested allOf/$ref merges (deeper means a $ref cycle)
 _MAX_BRANCHES = 64  # branches after distributing several anyOf/oneOf of an allOf
 
@@ -135,9 +126,7 @@ class _Compiler:
         self.refs: dict[str, Ref] = {}
         self.pending: dict[str, int] = {}  # $ref being compiled -> structure depth at its start
         self.structure = 0  # object/array nesting of the schema being compiled
-        self.nesting = 0  # schemas being compiled, one inside the other
-        self.nodes = 0  # schemas compiled so far (MAX_NODES)
-        self.properties = 0  # properties compiled so far (MAX_PROPERTIES)
+        self.budget = Budget()
         self.one_ofs: list[tuple[Union, str]] = []
         self.unique_arrays: list[Arrays] = []
 
@@ -151,33 +140,17 @@ class _Compiler:
             spec.domain = unique_domain(spec)
             check_unique(spec)
         check_objects(root, self.path)
-        size = smallest_cost(root)[1]
-        if size > MAX_MIN_SIZE:
-            raise ToolSchemaError(
-                self.path,
-                "minItems",
-                f"and minLength force arguments of about {size:.0f} values "
-                f"or more; llmsim generates at most {MAX_MIN_SIZE}",
-            )
+        check_min_size(smallest_cost(root)[1], self.path)
         return CompiledSchema(root)
 
     # --- dispatch ---------------------------------------------------------------------
 
     def compile(self, schema: object, path: str, *, root: bool = False) -> Node:
-        self.nesting += 1
-        self.nodes += 1
+        self.budget.enter(path)
         try:
-            if self.nodes > MAX_NODES:
-                raise ToolSchemaError(path, "properties", f"and subschemas number more than {MAX_NODES} (MAX_NODES)")
-            if self.nesting > MAX_NESTING:
-                raise ToolSchemaError(
-                    path,
-                    "properties",
-                    f"and items nest deeper than {MAX_NESTING} levels; llmsim refuses deeper schemas",
-                )
             return self._compile(schema, path, root=root)
         finally:
-            self.nesting -= 1
+            self.budget.leave()
 
     def _compile(self, schema: object, path: str, *, root: bool) -> Node:
         if schema is True:
@@ -319,10 +292,7 @@ class _Compiler:
             return node
         keyword = "const" if "const" in schema else "enum"
         candidates = [schema["const"]] if "const" in schema else schema["enum"]
-        if len(candidates) > MAX_ENUM:
-            raise ToolSchemaError(
-                at(path, "enum"), "enum", f"has {len(candidates)} values; llmsim accepts at most {MAX_ENUM} (MAX_ENUM)"
-            )
+        check_enum(len(candidates), path)
         if "const" in schema and "enum" in schema:
             candidates = [v for v in schema["enum"] if json_key(v) == json_key(schema["const"])]
         values = tuple(v for v in candidates if node.matches(v))
@@ -358,12 +328,7 @@ class _Compiler:
 
     def strings(self, schema: dict[str, Any], path: str) -> Strings:
         low, high = schema.get("minLength", 0), schema.get("maxLength")
-        if low > MAX_MIN_LENGTH:
-            raise ToolSchemaError(
-                at(path, "minLength"),
-                "minLength",
-                f"is {low}; llmsim generates strings of at most {MAX_MIN_LENGTH} characters",
-            )
+        check_min_length(low, path)
         if high is not None and low > high:
             raise ToolSchemaError(at(path, "minLength"), "minLength", f"({low}) exceeds maxLength ({high})")
         pattern: StringPattern | None = None
@@ -400,10 +365,7 @@ class _Compiler:
         low, high = schema.get("minItems", 0), schema.get("maxItems")
         if items is None:
             high = len(prefix) if high is None else min(high, len(prefix))
-        if low > MAX_MIN_ITEMS:
-            raise ToolSchemaError(
-                at(path, "minItems"), "minItems", f"is {low}; llmsim generates at most {MAX_MIN_ITEMS} items"
-            )
+        check_min_items(low, path)
         if high is not None and low > high:
             raise ToolSchemaError(
                 at(path, "minItems"),
@@ -416,14 +378,7 @@ class _Compiler:
         return spec
 
     def objects(self, schema: dict[str, Any], path: str) -> Objects:
-        self.properties += len(dict.fromkeys([*schema.get("properties", {}), *schema.get("required", ())]))
-        if self.properties > MAX_PROPERTIES:
-            raise ToolSchemaError(
-                at(path, "properties"),
-                "properties",
-                f"brings the schema to {self.properties} properties; llmsim accepts at most "
-                f"{MAX_PROPERTIES} (MAX_PROPERTIES)",
-            )
+        self.budget.add_properties(schema, path)
         self.structure += 1
         properties = tuple(
             (name, None if sub is False else self.compile(sub, at(path, "properties", name)))

@@ -13,7 +13,8 @@ import trio
 
 from llmsim.api.generation import StreamingSink, StreamRenderer, build_jobs
 from llmsim.api.http import Headers, HttpRequest, ResponseEvent, ResponseState, ResponseStateFlags, next_state
-from llmsim.api.plan import GenerationPlan, PromptPlan, TurnPlan
+from llmsim.api.plan import GenerationPlan, PromptPlan
+from llmsim.api.turns import TurnPlan
 from llmsim.app import Simulator, build_engine
 from llmsim.config import Config
 from llmsim.engine.job import Job, JobSink

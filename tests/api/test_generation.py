@@ -16,7 +16,8 @@ from llmsim.api.context import Call
 from llmsim.api.errors import ApiError
 from llmsim.api.generation import CollectingSink, build_jobs, collect, stream
 from llmsim.api.http import HttpRequest
-from llmsim.api.plan import TEXT, Block, GenerationPlan, PromptPlan, TurnPlan
+from llmsim.api.plan import GenerationPlan, PromptPlan
+from llmsim.api.turns import TEXT, Block, TurnPlan
 from llmsim.engine.job import Job, JobState
 from tests.api.fakes import FakeResponse, post, running
 

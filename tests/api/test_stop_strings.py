@@ -31,7 +31,8 @@ from hypothesis import strategies as st
 from trio.testing import MockClock
 
 from llmsim.api.context import ApiContext
-from llmsim.api.plan import TEXT, TOOL_CALL, Block, StopRule, TurnPlan, finish_turn, hold_back, stop_turn
+from llmsim.api.stops import StopRule, finish_turn, hold_back, stop_turn
+from llmsim.api.turns import TEXT, TOOL_CALL, Block, TurnPlan
 from llmsim.model.text import EosToken
 from tests.api.fakes import post, running
 

@@ -16,7 +16,8 @@ from trio.testing import MockClock
 
 from llmsim.options import ToolCallOptions
 from llmsim.schema import jsonschema
-from llmsim.schema.jsonschema import MAX_ENUM, MAX_NODES, MAX_PROPERTIES, ToolSchemaError, compile_schema
+from llmsim.schema.jsonschema import ToolSchemaError, compile_schema
+from llmsim.schema.limits import MAX_ENUM, MAX_NODES, MAX_PROPERTIES
 from tests.api.fakes import post, running
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from llmsim.model.tools import ToolCallOptions, ToolSchemaError, compile_schema, validate_tool_parameters
-from llmsim.schema.jsonschema import MAX_MIN_ITEMS, MAX_MIN_LENGTH
+from llmsim.schema.limits import MAX_MIN_ITEMS, MAX_MIN_LENGTH
 
 P = "tools[2].function.parameters"
 

@@ -92,6 +92,8 @@ async def sleep(call: Call) -> None:
     engine.set_pause_state(PauseState.PAUSED_ALL if mode == "keep" else PauseState.PAUSED_NEW, now)
     if mode == "wait":
         await _drained(engine)
+    if level >= 1:  # vLLM's clear_prefix_cache (vllm/v1/engine/core.py:1007-1008)
+        engine.clear_kv_cache()
     call.respond_json({"status": "sleeping", "level": level})
 
 

@@ -16,10 +16,10 @@ finishing chunk (serving.py:824-834); the usage chunk leaves out null keys
 ``--enable-prompt-tokens-details``.
 One chunk per token, and the last token's own chunk carries the ``finish_reason``
 (serving.py:796-809): on ``length`` that is the last text token; a turn the model ended
-itself ends with its EOS token (see ``llmsim.api.plan.with_eos``), whose chunk has empty
+itself ends with its EOS token (see ``llmsim.api.stops.with_eos``), whose chunk has empty
 content (its text is skipped) and arrives one inter-token latency after the last text;
 a turn a ``stop`` string or stop token ended has no EOS, and its last chunk names that
-string or id in ``stop_reason`` (see ``llmsim.api.plan.stop_turn``).
+string or id in ``stop_reason`` (see ``llmsim.api.stops.stop_turn``).
 The role chunks go out with the request's first token (after TTFT), one per choice, all
 before any token (serving.py:597-634); with ``echo`` the echoed assistant prefix of
 every choice follows them.  The usage chunk comes only with
@@ -47,7 +47,7 @@ import attrs
 
 from llmsim.api.errors import ApiError
 from llmsim.api.logprobs_format import ChatLogprobs
-from llmsim.api.plan import Block, stop_reason_of_job
+from llmsim.api.plan import stop_reason_of_job
 from llmsim.api.sse import (
     DONE_EVENT,
     chunk_head,
@@ -58,6 +58,7 @@ from llmsim.api.sse import (
     json_bytes,
     usage_events,
 )
+from llmsim.api.turns import Block
 from llmsim.api.usage import ChunkUsage, Usage, UsageStyle
 from llmsim.engine.job import Job, JobState
 from llmsim.model.text import FinishReason

@@ -19,19 +19,13 @@ from llmsim.api.failures import check_injected_failure
 from llmsim.api.generation import RequestIdentity, check_job_count, check_output_volume, collect, stream
 from llmsim.api.logprobs_format import ChatLogprobs, choice_seed
 from llmsim.api.logprobs_limit import checked_logprobs
-from llmsim.api.plan import (
-    GenerationPlan,
-    PromptPlan,
-    StructuredOutput,
-    TurnPlan,
-    output_cap,
-    plan_text_choices,
-    stop_rule,
-)
+from llmsim.api.plan import GenerationPlan, PromptPlan, StructuredOutput, output_cap, plan_text_choices
 from llmsim.api.prompts import check_context_length
 from llmsim.api.request_fields import check_sampling_params, token_id_refusal
 from llmsim.api.router import Router
+from llmsim.api.stops import stop_rule
 from llmsim.api.structured import structured_output
+from llmsim.api.turns import TurnPlan
 from llmsim.api.usage import ChunkUsage, UsageStyle
 from llmsim.model.tools import NamedToolChoice, ToolSpec
 

@@ -23,16 +23,10 @@ import attrs
 from llmsim.api.chat.request import ChatTool
 from llmsim.api.context import ApiContext
 from llmsim.api.errors import ApiError
-from llmsim.api.plan import (
-    StopRule,
-    StructuredOutput,
-    TurnPlan,
-    finish_turn,
-    output_cap,
-    plan_answer,
-    plan_tool_calls,
-)
+from llmsim.api.plan import StructuredOutput, output_cap, plan_answer, plan_tool_calls
+from llmsim.api.stops import StopRule, finish_turn
 from llmsim.api.tool_support import planning_errors
+from llmsim.api.turns import TurnPlan
 from llmsim.model.text import FinishReason
 from llmsim.model.tools import NamedToolChoice, ToolChoice, ToolSchemaError, ToolSpec
 from llmsim.model.tools import plan_tool_calls as choose_calls

@@ -9,10 +9,10 @@ token, with ``system_fingerprint`` when no usage chunk follows (serving.py:467-4
     data: {"id":"cmpl-…","object":"text_completion","created":T,"model":"m","choices":[{"index":0,"text":" and","logprobs":null,"finish_reason":"length","stop_reason":null,"prompt_token_ids":null,"token_ids":null,"weight_versions":null}],"system_fingerprint":"vllm-0.33.0-…","kv_transfer_params":null}
 
 A turn the model ended itself ends with its EOS token (see
-``llmsim.api.plan.with_eos``), whose chunk has empty ``text`` and ``"stop"``, one
+``llmsim.api.stops.with_eos``), whose chunk has empty ``text`` and ``"stop"``, one
 inter-token latency after the last text; a turn a ``stop`` string or stop token ended
 has no EOS, and its last chunk names that string or id in ``stop_reason`` (see
-``llmsim.api.plan.stop_turn``).  Then, with ``stream_options.include_usage``,
+``llmsim.api.stops.stop_turn``).  Then, with ``stream_options.include_usage``,
 a ``"choices":[]`` usage chunk, then ``data: [DONE]``; with ``continuous_usage_stats``
 too, every chunk carries its choice's cumulative ``usage`` against its prompt
 (:class:`~llmsim.api.usage.ChunkUsage`).  Choice ``i`` answers prompt ``i // n``; with

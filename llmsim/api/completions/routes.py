@@ -10,10 +10,11 @@ from llmsim.api.failures import check_injected_failure
 from llmsim.api.generation import RequestIdentity, check_job_count, check_output_volume, collect, stream
 from llmsim.api.logprobs_format import CompletionLogprobs, EchoedPrompt, choice_seed
 from llmsim.api.logprobs_limit import checked_logprobs
-from llmsim.api.plan import GenerationPlan, PromptPlan, output_cap, plan_text_choices, stop_rule
+from llmsim.api.plan import GenerationPlan, PromptPlan, output_cap, plan_text_choices
 from llmsim.api.prompts import CompletionPrompt, check_context_length, completion_prompts
 from llmsim.api.request_fields import check_sampling_params, token_id_refusal
 from llmsim.api.router import Router
+from llmsim.api.stops import stop_rule
 from llmsim.api.structured import structured_output
 from llmsim.api.usage import ChunkUsage, UsageStyle
 

@@ -33,10 +33,12 @@ from llmsim.api.generate.render import GenerateShape, GenerateStreamRenderer, ge
 from llmsim.api.generate.request import GenerateRequest, parse_generate_request
 from llmsim.api.generation import RequestIdentity, check_job_count, check_output_volume, collect, stream
 from llmsim.api.logprobs_limit import checked_logprobs
-from llmsim.api.plan import GenerationPlan, PromptPlan, StopRule, TurnPlan, output_cap, plan_text_choices
+from llmsim.api.plan import GenerationPlan, PromptPlan, output_cap, plan_text_choices
 from llmsim.api.prompts import check_prompt_length
 from llmsim.api.render.gate import require_scale_out
 from llmsim.api.router import Router
+from llmsim.api.stops import StopRule
+from llmsim.api.turns import TurnPlan
 from llmsim.api.usage import UsageStyle
 from llmsim.model.text import FinishReason
 

@@ -16,11 +16,11 @@ anthropic SDK's test fixtures.
 
 The tokens and their timing are vLLM's, whose /v1/messages is its chat endpoint
 underneath (vllm/entrypoints/anthropic/serving.py:632-650): a turn the model ends itself
-ends with its EOS token (:func:`llmsim.api.plan.with_eos`), counted in ``output_tokens``
+ends with its EOS token (:func:`llmsim.api.stops.with_eos`), counted in ``output_tokens``
 (``completion_tokens``, serving.py:97-98), whose empty text sends no delta
 (serving.py:1118-1120), so ``content_block_stop`` and the message's closing events come
 one inter-token latency after the last text.  A stop sequence ends the turn at the token
-completing it, counted (:func:`llmsim.api.plan.stop_turn`); a stream holds back the text
+completing it, counted (:func:`llmsim.api.stops.stop_turn`); a stream holds back the text
 that could begin one, and a token whose text is all held back sends no delta either.
 """
 
@@ -32,8 +32,9 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 from llmsim.api.errors import ApiError, anthropic_error_type
-from llmsim.api.plan import TEXT, TurnPlan, as_emitted
+from llmsim.api.plan import as_emitted
 from llmsim.api.sse import escape, event_bytes, json_bytes
+from llmsim.api.turns import TEXT, TurnPlan
 from llmsim.engine.job import Job, JobState
 from llmsim.model.text import FinishReason
 

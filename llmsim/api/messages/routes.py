@@ -25,17 +25,10 @@ from llmsim.api.messages.request import (
     parse_messages_request,
     tool_choice_of,
 )
-from llmsim.api.plan import (
-    GenerationPlan,
-    PromptPlan,
-    StopRule,
-    finish_turn,
-    output_cap,
-    plan_text,
-    plan_tool_calls,
-)
+from llmsim.api.plan import GenerationPlan, PromptPlan, output_cap, plan_text, plan_tool_calls
 from llmsim.api.prompts import check_context_length, prompt_ids
 from llmsim.api.router import ErrorStyle, Router
+from llmsim.api.stops import StopRule, finish_turn
 from llmsim.api.tool_support import planning_errors
 from llmsim.model.tools import plan_tool_calls as plan_tool_calls_of
 

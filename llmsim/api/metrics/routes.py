@@ -29,22 +29,18 @@ from llmsim.engine.fake_metrics import FakeMetrics
 
 __all__ = ["cache_info", "metrics_registry", "register"]
 
-#: llm-d-inference-sim's KV-cache defaults (--block-size, --kv-cache-size) until llmsim
-#: simulates the cache itself.
-_BLOCK_SIZE = 16
-_NUM_GPU_BLOCKS = 1024
-
 log = logging.getLogger("llmsim.api")
 
 _registries: weakref.WeakKeyDictionary[ApiContext, CollectorRegistry] = weakref.WeakKeyDictionary()
 
 
-def cache_info() -> CacheInfo:
+def cache_info(block_size: int = 16, num_gpu_blocks: int = 1024) -> CacheInfo:
     """``vllm:cache_config_info``'s labels: vLLM 0.33's ``CacheConfig`` fields that say
-    something about a simulated engine, in its field order (``vllm/config/cache.py``)."""
+    something about a simulated engine, in its field order (``vllm/config/cache.py``).
+    The block size and count are ``--block-size`` and ``--kv-cache-size``."""
     return CacheInfo(
         {
-            "block_size": str(_BLOCK_SIZE),
+            "block_size": str(block_size),
             "gpu_memory_utilization": "0.92",
             "cache_dtype": "auto",
             "is_attention_free": "False",
@@ -52,7 +48,7 @@ def cache_info() -> CacheInfo:
             "sliding_window": "None",
             "enable_prefix_caching": "True",
             "prefix_caching_hash_algo": "sha256",
-            "num_gpu_blocks": str(_NUM_GPU_BLOCKS),
+            "num_gpu_blocks": str(num_gpu_blocks),
             "num_cpu_blocks": "None",
         }
     )
@@ -94,6 +90,7 @@ def _reader(ctx: ApiContext) -> Callable[[], EngineReading]:
         return EngineReading(
             statistics=statistics,
             metrics=engine.metrics.snapshot(),
+            kv_cache_usage=engine.kv_cache_usage,
             sleep_state=ctx.sleep.sleep_state_gauge(),
             fake=None
             if fake is None
@@ -118,7 +115,7 @@ def metrics_registry(ctx: ApiContext) -> CollectorRegistry:
                 _reader(ctx),
                 model_name=ctx.model.display_model,
                 created=ctx.wall_clock(),
-                cache_info=cache_info(),
+                cache_info=cache_info(ctx.engine.options.block_size, ctx.engine.options.kv_cache_size),
             )
         )
         _registries[ctx] = registry

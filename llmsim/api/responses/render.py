@@ -14,7 +14,7 @@ A tool turn: ``output_item.added`` (function_call), one
 ``response.function_call_arguments.delta`` per token,
 ``response.function_call_arguments.done``, ``output_item.done``, ``completed``.
 
-A turn the model ends itself ends with its EOS token (:func:`llmsim.api.plan.with_eos`),
+A turn the model ends itself ends with its EOS token (:func:`llmsim.api.stops.with_eos`),
 as in vLLM, whose ``SimpleContext`` counts every token id the engine returns, the EOS
 too, in ``output_tokens`` (vllm/entrypoints/openai/responses/context.py:223).  Its
 empty text makes no event and takes no sequence number (``resolve_target_state`` finds
@@ -47,8 +47,9 @@ import orjson
 
 from llmsim.api.chat.tools import tool_call_id
 from llmsim.api.errors import ApiError
-from llmsim.api.plan import TEXT, Block, TurnPlan, as_emitted
+from llmsim.api.plan import as_emitted
 from llmsim.api.sse import escape, event_bytes, json_bytes
+from llmsim.api.turns import TEXT, Block, TurnPlan
 from llmsim.engine.job import Job, JobState
 from llmsim.model.logprobs import synthesize_logprobs, token_bytes
 

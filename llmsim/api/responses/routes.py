@@ -23,18 +23,7 @@ from llmsim.api.failures import check_injected_failure
 from llmsim.api.generation import RequestIdentity, check_job_count, check_output_volume, collect, stream
 from llmsim.api.logprobs_format import choice_seed
 from llmsim.api.logprobs_limit import checked_logprobs
-from llmsim.api.plan import (
-    TEXT,
-    GenerationPlan,
-    PromptPlan,
-    StopRule,
-    TurnPlan,
-    finish_turn,
-    output_cap,
-    plan_fixed_text,
-    plan_text,
-    plan_tool_calls,
-)
+from llmsim.api.plan import GenerationPlan, PromptPlan, output_cap, plan_fixed_text, plan_text, plan_tool_calls
 from llmsim.api.prompts import check_output_tokens, check_prompt_length, prompt_ids, tool_call_text, tools_turn
 from llmsim.api.request_fields import check_sampling_fields
 from llmsim.api.responses.render import (
@@ -55,7 +44,9 @@ from llmsim.api.responses.request import (
 from llmsim.api.responses.store import StoredResponse, not_found
 from llmsim.api.router import Router
 from llmsim.api.sse import json_bytes
+from llmsim.api.stops import StopRule, finish_turn
 from llmsim.api.tool_support import planning_errors
+from llmsim.api.turns import TEXT, TurnPlan
 from llmsim.model.tokenizer import ChatTurn
 from llmsim.model.tools import (
     NamedToolChoice,

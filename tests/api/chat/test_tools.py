@@ -17,7 +17,7 @@ from trio.testing import MockClock
 
 from llmsim.api.chat.render import ChatStreamRenderer, chat_completion_body
 from llmsim.api.generation import CollectingSink
-from llmsim.api.plan import TOOL_CALL, Block
+from llmsim.api.turns import TOOL_CALL, Block
 from tests.api.fakes import UNSATISFIABLE_SCHEMA, EngineRun, make_job, post, running, sse_payloads
 
 LATENCY = {"time_to_first_token": 0.1, "inter_token_latency": 0.01}

@@ -9,7 +9,7 @@ from llmsim.api.messages.render import (
     MessagesStreamRenderer,
     message_body,
 )
-from llmsim.api.plan import TEXT, TOOL_CALL, Block, TurnPlan
+from llmsim.api.turns import TEXT, TOOL_CALL, Block, TurnPlan
 from llmsim.engine.job import Job
 from tests.api.fakes import EngineRun, turn_job
 

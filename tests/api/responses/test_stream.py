@@ -7,13 +7,13 @@ import orjson
 
 from llmsim.api.errors import ApiError
 from llmsim.api.generation import StreamingSink
-from llmsim.api.plan import TEXT, TOOL_CALL, Block, TurnPlan
 from llmsim.api.responses.render import (
     ResponseShell,
     ResponsesStreamRenderer,
     TokenLogprobs,
     TurnIds,
 )
+from llmsim.api.turns import TEXT, TOOL_CALL, Block, TurnPlan
 from tests.api.fakes import EngineRun, turn_job
 
 LATENCY = {"time_to_first_token": 0.1, "inter_token_latency": 0.01}
