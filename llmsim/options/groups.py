@@ -1,250 +1,44 @@
-"""The option groups: what each part of llmsim can be told, with its checks and its docs.
-
-Every setting is a field of one frozen group (:class:`ModelOptions`, :class:`EngineOptions`,
-:class:`LatencyOptions`, :class:`ToolCallOptions`, :class:`ServerOptions`).  Its flag help,
-metavar, help default, whether it is a duration and whether llm-d-inference-sim has the
-same key travel with the field as :class:`OptionDoc` metadata (see :func:`option`), so
-that ``--help``, the docs' flag table and the loaders are all built from this one place.
-
-This module is the bottom layer: the engine, the model and the schema generator take
-their group from here, without importing the configuration loader or the CLI.
-Durations are seconds (floats).  Values are typed here; the lenient reading of text
-(``"100ms"``, ``"yes"``, ``"a,b"``) is the loader's job (:mod:`llmsim.config`).
-"""
+"""The six option groups: one frozen attrs class per part of llmsim (see :mod:`llmsim.options`)."""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, NewType
 
 import attrs
 
 from llmsim.latency_profiles import PROFILE_NAMES
 from llmsim.lora_modules import LoraModule, parse_lora_module
+from llmsim.options.fields import (
+    DEFAULT_MODEL,
+    FAILURE_TYPES,
+    LOG_LEVELS,
+    ConfigError,
+    JsonObjectText,
+    check_at_least_minus_one,
+    check_at_least_one,
+    check_block_size,
+    check_failure_types,
+    check_latency_profile,
+    check_log_level,
+    check_non_negative,
+    check_non_negative_or_unset,
+    check_percent,
+    check_port,
+    check_positive,
+    check_positive_or_unset,
+    check_ranges,
+    option,
+)
 
 __all__ = [
-    "DEFAULT_MODEL",
-    "FAILURE_TYPES",
-    "LOG_LEVELS",
     "MAX_STD_DEV_FRACTION",
-    "ConfigError",
     "ControlOptions",
     "EngineOptions",
-    "JsonObjectText",
     "LatencyOptions",
     "ModelOptions",
-    "OptionDoc",
     "ServerOptions",
     "ToolCallOptions",
-    "option",
-    "option_doc",
-    "option_key",
 ]
-
-DEFAULT_MODEL = "llmsim/sim-model"
-
-#: The kinds of failure ``--failure-types`` may pick (llm-d-inference-sim's names).
-FAILURE_TYPES = (
-    "rate_limit",
-    "invalid_api_key",
-    "context_length",
-    "server_error",
-    "invalid_request",
-    "model_not_found",
-)
-#: ``--log-level`` values (vLLM's ``LogLevel``, any case).
-LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
-
-#: A JSON object kept as its text (``--fake-metrics``): the loader reads a JSON or YAML
-#: object, from a flag or a file, into this canonical JSON text; its meaning is checked
-#: by whoever uses it (``llmsim.engine.fake_metrics``).
-JsonObjectText = NewType("JsonObjectText", str)
-
-
-class ConfigError(ValueError):
-    """A configuration value or key is invalid.  ``key`` names it in kebab-case."""
-
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(f"invalid configuration: {key}: {message}")
-        self.key = key
-
-
-# --- field metadata ----------------------------------------------------------------------
-
-_METADATA_KEY = "llmsim.option"
-
-
-@attrs.frozen
-class OptionDoc:
-    """How one option reads on the command line, in ``--help`` and in the docs.
-
-    ``shown_default`` replaces the default in ``--help`` and the flag table when the
-    value itself needs words; ``key`` is the flag and YAML key when it is not the field
-    name in kebab-case; ``llmd`` says whether llm-d-inference-sim has the same key.
-    """
-
-    help: str
-    metavar: str = ""
-    shown_default: str | None = None
-    duration: bool = False
-    key: str | None = None
-    llmd: bool = True
-
-
-if TYPE_CHECKING:
-    _Validator = Callable[[Any, attrs.Attribute[Any], Any], None]
-
-
-def option(
-    default: object,
-    *,
-    help: str,
-    metavar: str = "",
-    shown_default: str | None = None,
-    duration: bool = False,
-    key: str | None = None,
-    llmd: bool = True,
-    choices: tuple[str, ...] = (),
-    validator: _Validator | None = None,
-) -> Any:
-    """An ``attrs`` field carrying its :class:`OptionDoc`.
-
-    ``choices`` adds a one-of check and, without a ``metavar``, shows them as
-    ``{a,b}`` (an empty choice is allowed but not shown).  Durations get the
-    metavar ``DURATION`` and a non-negative check.
-    """
-    validators: list[_Validator] = []
-    if choices:
-        validators.append(_one_of(choices))
-        metavar = metavar or "{" + ",".join(choice for choice in choices if choice) + "}"
-    if duration:
-        validators.append(_duration)
-        metavar = metavar or "DURATION"
-    if validator is not None:
-        validators.append(validator)
-    doc = OptionDoc(help, metavar, shown_default, duration, key, llmd)
-    return attrs.field(default=default, validator=validators, metadata={_METADATA_KEY: doc})
-
-
-def option_doc(attribute: attrs.Attribute[Any]) -> OptionDoc:
-    """The :class:`OptionDoc` of a group field."""
-    doc = attribute.metadata.get(_METADATA_KEY)
-    if not isinstance(doc, OptionDoc):
-        raise TypeError(f"{attribute.name} is not an option (declare it with llmsim.options.option)")
-    return doc
-
-
-def option_key(attribute: attrs.Attribute[Any]) -> str:
-    """The kebab-case flag and YAML key of a group field."""
-    doc = attribute.metadata.get(_METADATA_KEY)
-    if isinstance(doc, OptionDoc) and doc.key is not None:
-        return doc.key
-    return attribute.name.replace("_", "-")
-
-
-# --- validators ----------------------------------------------------------------------------
-
-
-def _non_negative(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if value < 0:
-        raise ConfigError(option_key(attribute), f"must be >= 0, got {value}")
-
-
-#: The longest duration a setting may have: Go's (``math.MaxInt64`` nanoseconds, about 292
-#: years), so that every duration can be shown as llm-d-inference-sim shows it.
-MAX_DURATION_SECONDS = (2**63 - 1) / 1e9
-
-
-def _duration(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    _non_negative(instance, attribute, value)
-    if not value <= MAX_DURATION_SECONDS:  # also refuses NaN
-        limit = f"{MAX_DURATION_SECONDS:.0f}s"
-        raise ConfigError(option_key(attribute), f"must be at most {limit} (Go's longest duration), got {value}")
-
-
-def _positive(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if value <= 0:
-        raise ConfigError(option_key(attribute), f"must be > 0, got {value}")
-
-
-def _non_negative_or_unset(instance: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
-    if value is not None:
-        _non_negative(instance, attribute, value)
-
-
-def _at_least_minus_one(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
-    if value < -1:
-        raise ConfigError(option_key(attribute), f"must be -1 (no cap) or >= 0, got {value}")
-
-
-def _positive_or_unset(instance: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
-    if value is not None:
-        _positive(instance, attribute, value)
-
-
-#: llm-d-inference-sim's allowed --block-size values (its config validation).
-BLOCK_SIZES = (8, 16, 32, 64, 128)
-
-
-def _block_size(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
-    if value not in BLOCK_SIZES:
-        raise ConfigError(option_key(attribute), f"must be one of {', '.join(map(str, BLOCK_SIZES))}, got {value}")
-
-
-def _percent(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
-    if not 0 <= value <= 100:
-        raise ConfigError(option_key(attribute), f"must be a percentage in 0..100, got {value}")
-
-
-def _failure_types(instance: object, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
-    unknown = [name for name in value if name not in FAILURE_TYPES]
-    if unknown:
-        raise ConfigError(
-            option_key(attribute), f"unknown failure type {unknown[0]!r}; choose from {', '.join(FAILURE_TYPES)}"
-        )
-
-
-def _log_level(instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
-    if value.lower() not in LOG_LEVELS:
-        raise ConfigError(option_key(attribute), f"must be one of {', '.join(LOG_LEVELS)} (any case), got {value!r}")
-
-
-def _latency_profile(instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
-    if value and value not in PROFILE_NAMES:
-        raise ConfigError(option_key(attribute), f"unknown profile {value!r}; choose from {', '.join(PROFILE_NAMES)}")
-
-
-def _port(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
-    if not 0 <= value <= 65535:
-        raise ConfigError(option_key(attribute), f"must be in 0..65535, got {value}")
-
-
-def _at_least_one(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if value < 1.0:
-        raise ConfigError(option_key(attribute), f"must be >= 1.0, got {value}")
-
-
-def _one_of(choices: tuple[str, ...]) -> _Validator:
-    def check(instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
-        if value not in choices:
-            shown = ", ".join(repr(choice) for choice in choices)
-            raise ConfigError(option_key(attribute), f"must be one of {shown}, got {value!r}")
-
-    return check
-
-
-def _check_ranges(instance: attrs.AttrsInstance, ranges: Iterable[tuple[str, str]]) -> None:
-    """Each ``(low, high)`` pair of field names must hold ``low <= high``; else a
-    ConfigError naming the low one: ``min-x: must be <= max-x (5), got 6``."""
-    fields = attrs.fields_dict(type(instance))
-    for low, high in ranges:
-        value, bound = getattr(instance, low), getattr(instance, high)
-        if value > bound:
-            raise ConfigError(option_key(fields[low]), f"must be <= {option_key(fields[high])} ({bound}), got {value}")
-
-
-# --- the groups ----------------------------------------------------------------------------
 
 
 @attrs.frozen(kw_only=True)
@@ -266,21 +60,21 @@ class ModelOptions:
     max_model_len: int = option(
         32768,
         metavar="TOKENS",
-        validator=_positive,
+        validator=check_positive,
         help="context window; max tokens are clamped to what the prompt leaves (400 if either alone exceeds it)",
     )
     max_logprobs: int = option(
         20,
         metavar="N",
         llmd=False,
-        validator=_at_least_minus_one,
+        validator=check_at_least_minus_one,
         help="most logprobs a request may ask for per token (completions logprobs, top_logprobs); -1: the vocabulary",
     )
     max_output_volume: int = option(
         1_000_000,
         metavar="N",
         llmd=False,
-        validator=_positive,
+        validator=check_positive,
         help="most n x max_tokens x (1 + top_logprobs) a request may ask for (max_tokens: what the prompt "
         "leaves when unset); beyond it, 400, so a small request cannot ask for a body of hundreds of MB",
     )
@@ -303,7 +97,7 @@ class ModelOptions:
     default_embedding_dimensions: int = option(
         384,
         metavar="N",
-        validator=_positive,
+        validator=check_positive,
         help="/v1/embeddings: the model's embedding size (a vector's length without `dimensions`, and its maximum)",
     )
 
@@ -403,17 +197,17 @@ class EngineOptions:
     """Running slots, the waiting queue and the token budget of one engine step."""
 
     max_num_seqs: int = option(
-        256, metavar="N", validator=_positive, help="running slots: requests decoded together, one token per step"
+        256, metavar="N", validator=check_positive, help="running slots: requests decoded together, one token per step"
     )
     max_waiting_queue_length: int = option(
-        1000, metavar="N", validator=_non_negative, help="requests that may wait for a slot; beyond that, 429"
+        1000, metavar="N", validator=check_non_negative, help="requests that may wait for a slot; beyond that, 429"
     )
     max_num_queued_reqs: int | None = option(
         None,
         metavar="N",
         shown_default="unset, no cap",
         llmd=False,
-        validator=_non_negative_or_unset,
+        validator=check_non_negative_or_unset,
         help="vLLM's cap on requests in flight (running plus waiting); a request beyond it gets 503",
     )
     max_num_batched_tokens: int | None = option(
@@ -421,25 +215,25 @@ class EngineOptions:
         metavar="TOKENS",
         shown_default="8192 or max-num-seqs if larger",
         llmd=False,
-        validator=_positive_or_unset,
+        validator=check_positive_or_unset,
         help="token budget of one engine step; long prompts prefill in chunks",
     )
     max_loras: int = option(
-        1, metavar="N", validator=_positive, help="LoRA adapters among the running requests at once; others wait"
+        1, metavar="N", validator=check_positive, help="LoRA adapters among the running requests at once; others wait"
     )
     max_cpu_loras: int | None = option(
         None,
         metavar="N",
         shown_default="max-loras",
-        validator=_positive_or_unset,
+        validator=check_positive_or_unset,
         help="adapters kept in CPU memory; checked (>= max-loras), otherwise unused",
     )
     enable_kvcache: bool = option(
         False, help="simulate the KV cache: prefix hits skip prefill, admission waits for free blocks"
     )
-    kv_cache_size: int = option(1024, metavar="BLOCKS", validator=_positive, help="KV blocks in the cache")
+    kv_cache_size: int = option(1024, metavar="BLOCKS", validator=check_positive, help="KV blocks in the cache")
     block_size: int = option(
-        16, metavar="TOKENS", validator=_block_size, help="tokens per KV block: 8, 16, 32, 64 or 128"
+        16, metavar="TOKENS", validator=check_block_size, help="tokens per KV block: 8, 16, 32, 64 or 128"
     )
     hash_seed: str = option(
         "",
@@ -482,7 +276,7 @@ class LatencyOptions:
         metavar="NAME",
         shown_default="none",
         llmd=False,
-        validator=_latency_profile,
+        validator=check_latency_profile,
         help="preset latency values (and max-num-seqs) of llm-d-inference-sim's manifests/latency-profiles, "
         "under every explicit setting: " + ", ".join(PROFILE_NAMES),
     )
@@ -522,7 +316,7 @@ class LatencyOptions:
     time_factor_under_load: float = option(
         1.0,
         metavar="FACTOR",
-        validator=_at_least_one,
+        validator=check_at_least_one,
         help="latency multiplier at max-num-seqs running requests, rising linearly from 1 at one (>= 1)",
     )
 
@@ -562,26 +356,32 @@ class ToolCallOptions:
         100.0, metavar="X", help="largest generated number argument, unless the schema sets it"
     )
     min_tool_call_array_param_length: int = option(
-        1, metavar="N", validator=_non_negative, help="shortest generated array argument, unless the schema sets it"
+        1,
+        metavar="N",
+        validator=check_non_negative,
+        help="shortest generated array argument, unless the schema sets it",
     )
     max_tool_call_array_param_length: int = option(
-        5, metavar="N", validator=_non_negative, help="longest generated array argument, unless the schema sets it"
+        5, metavar="N", validator=check_non_negative, help="longest generated array argument, unless the schema sets it"
     )
     tool_call_not_required_param_probability: int = option(
-        50, metavar="PERCENT", validator=_percent, help="chance that an optional top-level argument is generated"
+        50, metavar="PERCENT", validator=check_percent, help="chance that an optional top-level argument is generated"
     )
     object_tool_call_not_required_field_probability: int = option(
-        50, metavar="PERCENT", validator=_percent, help="chance that an optional field of a nested object is generated"
+        50,
+        metavar="PERCENT",
+        validator=check_percent,
+        help="chance that an optional field of a nested object is generated",
     )
     tool_call_extra_call_probability: int = option(
         45,
         metavar="PERCENT",
-        validator=_percent,
+        validator=check_percent,
         help="chance of one more tool call after each one (tool_choice auto/required)",
     )
 
     def __attrs_post_init__(self) -> None:
-        _check_ranges(
+        check_ranges(
             self,
             (
                 ("min_tool_call_integer_param", "max_tool_call_integer_param"),
@@ -596,7 +396,7 @@ class ServerOptions:
     """Where and how the server listens, its protocol limits and its shutdown."""
 
     host: str = option("127.0.0.1", metavar="HOST", llmd=False, help="address to listen on")
-    port: int = option(8000, metavar="PORT", validator=_port, help="TCP port; 0 picks a free one")
+    port: int = option(8000, metavar="PORT", validator=check_port, help="TCP port; 0 picks a free one")
     backend: str = option(
         "native",
         key="server",
@@ -612,20 +412,20 @@ class ServerOptions:
     )
     self_signed_certs: bool = option(False, help="serve TLS with a freshly generated self-signed certificate")
     max_request_body_size_mb: float = option(
-        4.0, metavar="MiB", validator=_positive, help="largest request body accepted, in MiB; larger ones get 413"
+        4.0, metavar="MiB", validator=check_positive, help="largest request body accepted, in MiB; larger ones get 413"
     )
     max_concurrent_streams: int = option(
         1000,
         metavar="N",
         llmd=False,
-        validator=_positive,
+        validator=check_positive,
         help="HTTP/2 streams per connection; more are refused with REFUSED_STREAM",
     )
     header_read_timeout: float = option(
-        10.0, duration=True, llmd=False, validator=_positive, help="time a client has to send a request's headers"
+        10.0, duration=True, llmd=False, validator=check_positive, help="time a client has to send a request's headers"
     )
     keep_alive_timeout: float = option(
-        75.0, duration=True, llmd=False, validator=_positive, help="idle time after which a connection is closed"
+        75.0, duration=True, llmd=False, validator=check_positive, help="idle time after which a connection is closed"
     )
     shutdown_grace_period: float = option(
         5.0, duration=True, llmd=False, help="on SIGINT/SIGTERM, time in-flight streams get to finish"
@@ -656,13 +456,16 @@ class ControlOptions:
     runs (``POST /admin/config``)."""
 
     failure_injection_rate: int = option(
-        0, metavar="PERCENT", validator=_percent, help="share of generation requests answered with an injected error"
+        0,
+        metavar="PERCENT",
+        validator=check_percent,
+        help="share of generation requests answered with an injected error",
     )
     failure_types: tuple[str, ...] = option(
         (),
         metavar="TYPE",
         shown_default="all of them",
-        validator=_failure_types,
+        validator=check_failure_types,
         help="injected errors to pick from: " + ", ".join(FAILURE_TYPES),
     )
     fake_metrics: JsonObjectText | None = option(  # noqa: RUF009 (a str: immutable, but a NewType ruff cannot see into)
@@ -672,7 +475,7 @@ class ControlOptions:
         help="fixed or time-varying values /metrics reports instead of the engine's (llm-d-inference-sim's keys)",
     )
     fake_metrics_refresh_interval: float = option(
-        0.1, duration=True, validator=_positive, help="how often time-varying fake metrics are recomputed"
+        0.1, duration=True, validator=check_positive, help="how often time-varying fake metrics are recomputed"
     )
     custom_histogram_buckets: JsonObjectText | None = option(  # noqa: RUF009 (as fake_metrics)
         None,
@@ -692,5 +495,9 @@ class ControlOptions:
     disable_log_stats: bool = option(False, llmd=False, help="no periodic engine stats line in the log")
     enable_log_requests: bool = option(False, llmd=False, help="log a line as each request arrives and as it ends")
     log_level: str = option(
-        "info", metavar="{" + ",".join(LOG_LEVELS) + "}", llmd=False, validator=_log_level, help="the log's threshold"
+        "info",
+        metavar="{" + ",".join(LOG_LEVELS) + "}",
+        llmd=False,
+        validator=check_log_level,
+        help="the log's threshold",
     )
