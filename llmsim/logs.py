@@ -25,6 +25,7 @@ __all__ = [
     "DATE_FORMAT",
     "LOG_FORMAT",
     "STATS_INTERVAL",
+    "CacheReading",
     "LogFormatter",
     "ServerLog",
     "StatsLine",
@@ -97,6 +98,29 @@ def non_default_settings(config: Config) -> dict[str, object]:
     }
 
 
+@attrs.frozen
+class CacheReading:
+    """The prefix cache, as the stats line reports it: the KV usage (a fraction) and the
+    prefix-cache queries and hits so far (tokens)."""
+
+    usage: float = 0.0
+    queries: int = 0
+    hits: int = 0
+
+    @property
+    def hit_rate(self) -> float | None:
+        """Hits over queries since start-up; None before any request was scheduled.
+        (vLLM's ``CachingMetrics`` averages over its last 1,000 requests.)"""
+        return self.hits / self.queries if self.queries else None
+
+
+_NO_CACHE = CacheReading()
+
+
+def _no_cache() -> CacheReading:
+    return _NO_CACHE
+
+
 @attrs.define
 class ServerLog:
     """One server's log lines, from the banner to the summary.
@@ -109,6 +133,7 @@ class ServerLog:
     config: Config
     statistics: Callable[[], EngineStatistics]
     clock: Callable[[], float] = trio.current_time
+    cache: Callable[[], CacheReading] = _no_cache
     _started_at: float | None = attrs.field(default=None, init=False)
 
     def listening(self, url: str) -> None:
@@ -138,7 +163,7 @@ class ServerLog:
         line = StatsLine(self.statistics(), self.clock())
         while True:
             await trio.sleep(STATS_INTERVAL)
-            level, text = line.tick(self.statistics(), self.clock())
+            level, text = line.tick(self.statistics(), self.clock(), self.cache())
             stats_log.log(level, "%s", text)
 
     def stopped(self) -> None:
@@ -198,7 +223,7 @@ class StatsLine:
     _last_prompt_throughput: float = 0.0
     _last_generation_throughput: float = 0.0
 
-    def tick(self, stats: EngineStatistics, now: float) -> tuple[int, str]:
+    def tick(self, stats: EngineStatistics, now: float, cache: CacheReading = _NO_CACHE) -> tuple[int, str]:
         """The level and text of the stats line at ``now``."""
         elapsed = now - self._last_time
         prompt = _throughput(stats.prompt_tokens - self._last.prompt_tokens, elapsed)
@@ -206,10 +231,7 @@ class StatsLine:
         idle = not any((prompt, generation, self._last_prompt_throughput, self._last_generation_throughput))
         self._last, self._last_time = stats, now
         self._last_prompt_throughput, self._last_generation_throughput = prompt, generation
-        # llmsim has no KV cache yet (issue 12): its usage is 0, and every prefix
-        # cache query a scheduled request makes is a miss.
-        scheduled = stats.prompt_tokens > 0 or stats.running > 0
-        text = format_stats_line(prompt, generation, stats.running, stats.waiting, 0.0, 0.0 if scheduled else None)
+        text = format_stats_line(prompt, generation, stats.running, stats.waiting, cache.usage, cache.hit_rate)
         return (logging.DEBUG if idle else logging.INFO), text
 
 

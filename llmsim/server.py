@@ -14,7 +14,7 @@ import trio
 
 from llmsim.app import Simulator
 from llmsim.config import Config
-from llmsim.logs import ServerLog
+from llmsim.logs import CacheReading, ServerLog
 from llmsim.protocol.native.connection import WriteCoalescer
 from llmsim.protocol.native.server import serve_app
 from llmsim.protocol.settings import ConnectionTracker, EngineLoad, ServerHandle, ServerStatistics
@@ -30,7 +30,13 @@ async def serve(config: Config, *, task_status: trio.TaskStatus[ServerHandle] = 
     A server that cannot start raises what its backend raised (an ``OSError`` for a
     port in use), not wrapped in a group of this function's own."""
     sim = Simulator(config)
-    server_log = ServerLog(config, sim.engine.statistics)
+    engine = sim.engine
+
+    def cache() -> CacheReading:
+        metrics = engine.metrics
+        return CacheReading(engine.kv_cache_usage, metrics.prefix_cache_queries, metrics.prefix_cache_hits)
+
+    server_log = ServerLog(config, engine.statistics, cache=cache)
     if not config.control.disable_log_stats:
         sim.beside_engine.append(server_log.report_stats)
     try:

@@ -17,6 +17,7 @@ from llmsim.config import Config
 from llmsim.engine.statistics import EngineStatistics
 from llmsim.logs import (
     STATS_INTERVAL,
+    CacheReading,
     LogFormatter,
     ServerLog,
     StatsLine,
@@ -87,12 +88,16 @@ def test_no_prefix_cache_part_before_any_request_was_scheduled() -> None:
     assert format_stats_line(0.0, 0.0, 0, 0, 0.0, None) == vllm
 
 
+#: A prefix cache some request has queried, with no hit.
+SCHEDULED = CacheReading(queries=10)
+
+
 def test_throughputs_are_token_deltas_over_the_interval() -> None:
     line = StatsLine(stats(prompt=100, generated=50), 5.0)
-    level, text = line.tick(stats(prompt=300, generated=1050, running=4, waiting=2), 15.0)
+    level, text = line.tick(stats(prompt=300, generated=1050, running=4, waiting=2), 15.0, SCHEDULED)
     assert level == logging.INFO
     assert text == format_stats_line(20.0, 100.0, 4, 2, 0.0, 0.0)
-    level, text = line.tick(stats(prompt=300, generated=1100, running=1), 20.0)
+    level, text = line.tick(stats(prompt=300, generated=1100, running=1), 20.0, SCHEDULED)
     assert text == format_stats_line(0.0, 10.0, 1, 0, 0.0, 0.0)
 
 
@@ -102,14 +107,22 @@ def test_an_idle_engine_logs_at_debug_after_one_quiet_line() -> None:
     line = StatsLine(stats(), 0.0)
     assert line.tick(stats(), 10.0)[0] == logging.DEBUG  # never did anything
     assert line.tick(stats(prompt=10, generated=5, running=1), 20.0)[0] == logging.INFO
-    assert line.tick(stats(prompt=10, generated=5), 30.0) == (logging.INFO, format_stats_line(0, 0, 0, 0, 0, 0))
+    assert line.tick(stats(prompt=10, generated=5), 30.0, SCHEDULED) == (
+        logging.INFO,
+        format_stats_line(0, 0, 0, 0, 0, 0),
+    )
     assert line.tick(stats(prompt=10, generated=5), 40.0)[0] == logging.DEBUG
     assert line.tick(stats(prompt=10, generated=6), 50.0)[0] == logging.INFO
 
 
-def test_a_running_request_without_tokens_yet_counts_as_scheduled() -> None:
+def test_kv_usage_and_hit_rate_come_from_the_prefix_cache() -> None:
+    """The usage and hits over queries of the KV pool (with --enable-kvcache; 0 % without)."""
     line = StatsLine(stats(), 0.0)
-    assert line.tick(stats(running=1), 10.0)[1].endswith("Prefix cache hit rate: 0.0%")
+    cache = CacheReading(usage=0.25, queries=200, hits=50)
+    assert line.tick(stats(running=1), 10.0, cache)[1].endswith(
+        "GPU KV cache usage: 25.0%, Prefix cache hit rate: 25.0%"
+    )
+    assert CacheReading().hit_rate is None  # nothing scheduled yet: the part is left out
 
 
 async def test_the_stats_task_logs_every_interval(
@@ -117,7 +130,7 @@ async def test_the_stats_task_logs_every_interval(
 ) -> None:
     caplog.set_level(logging.DEBUG, "llmsim")
     current = stats()
-    server_log = ServerLog(Config(port=0), lambda: current)
+    server_log = ServerLog(Config(port=0), lambda: current, cache=lambda: SCHEDULED)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(server_log.report_stats)
         await trio.sleep(STATS_INTERVAL / 2)
