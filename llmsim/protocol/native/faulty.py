@@ -22,6 +22,7 @@ import trio
 
 from llmsim.api.http import Application, Headers, HttpRequest, ResponseEvent, ResponseState, next_state
 from llmsim.protocol.faults import FaultPlan, FaultSyntaxError, parse_faults
+from llmsim.protocol.native.handling import fail_if_unended, handle_or_fail
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -52,15 +53,8 @@ async def run_with_faults(app: Application, request: HttpRequest, stream: Outbou
     with stream.cancel_scope:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(response.pump)
-            try:
-                await app.handle(request, response)
-            except Exception:
-                log.exception("handler for %s %s failed", request.method, request.path)
-                response.fail("the server failed while answering this request; see the server log")
-                return
-            if not response.state.ended and not response.state.closed:
-                log.error("handler for %s %s returned without ending its response", request.method, request.path)
-                response.fail("the server returned without completing this response; see the server log")
+            if await handle_or_fail(app, request, response):
+                fail_if_unended(request, response)
 
 
 @attrs.define(eq=False, repr=False)

@@ -15,7 +15,6 @@ remains anywhere else.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from typing import Protocol, Self, TypeVar
 
@@ -24,11 +23,11 @@ import attrs
 from llmsim.api.http import Application, HttpRequest
 from llmsim.protocol.faults import FAULT_HEADER
 from llmsim.protocol.native.faulty import run_with_faults
+from llmsim.protocol.native.handling import fail_if_unended, handle_or_fail
 from llmsim.protocol.response import BufferedResponse, StreamHost
 
 __all__ = ["NativeHost", "OutboundStream", "content_length", "run_handler", "split_target"]
 
-log = logging.getLogger("llmsim.protocol")
 
 _StreamT = TypeVar("_StreamT", bound="OutboundStream", contravariant=True)
 _Self = TypeVar("_Self", bound="OutboundStream")
@@ -104,15 +103,9 @@ async def run_handler(app: Application, request: HttpRequest, stream: OutboundSt
             await run_with_faults(app, request, stream, value)
             return
     with stream.cancel_scope:
-        try:
-            await app.handle(request, stream)
-        except Exception:
-            log.exception("handler for %s %s failed", request.method, request.path)
-            stream.fail("the server failed while answering this request; see the server log")
+        if not await handle_or_fail(app, request, stream):
             return
-    if not stream.state.ended and not stream.state.closed:
-        log.error("handler for %s %s returned without ending its response", request.method, request.path)
-        stream.fail("the server returned without completing this response; see the server log")
+    fail_if_unended(request, stream)
 
 
 def split_target(target: bytes) -> tuple[str, str]:
