@@ -184,16 +184,24 @@ async def _check_call_order(peer: StreamUnderTest) -> None:
     _expect(drained.count == 1, "on_drained runs at once on a closed response")
 
 
-async def _check_disconnect_before_start(peer: StreamUnderTest) -> None:
+async def _leave(peer: StreamUnderTest, state: ResponseState, when: str) -> _Calls:
+    """The client leaves: the response is in ``state``, an ``on_close`` callback registered
+    before runs once, one registered after runs at once.  Returns the first one's counter."""
     response = peer.response
     early = _Calls()
     response.on_close(early)
     await peer.disconnect()
-    _expect_state(response, ResponseState.CLOSED_IDLE, "after the client left before start()")
+    _expect_state(response, state, when)
     _expect(early.count == 1, f"on_close callbacks run once when the client leaves (ran {early.count} times)")
     late = _Calls()
     response.on_close(late)
     _expect(late.count == 1, "on_close runs at once once the client has left before the end")
+    return early
+
+
+async def _check_disconnect_before_start(peer: StreamUnderTest) -> None:
+    response = peer.response
+    early = await _leave(peer, ResponseState.CLOSED_IDLE, "after the client left before start()")
     response.start(200, _HEAD)
     _expect_state(response, ResponseState.CLOSED_STREAMING, "after start() on a closed response")
     _expect(response.write(b"dropped") is True, "write() after the client left returns True")
@@ -208,14 +216,7 @@ async def _check_disconnect_mid_body(peer: StreamUnderTest) -> None:
     response.start(200, _HEAD)
     response.write(b"first")
     await peer.read()
-    early = _Calls()
-    response.on_close(early)
-    await peer.disconnect()
-    _expect_state(response, ResponseState.CLOSED_STREAMING, "after the client left mid-body")
-    _expect(early.count == 1, f"on_close callbacks run once when the client leaves (ran {early.count} times)")
-    late = _Calls()
-    response.on_close(late)
-    _expect(late.count == 1, "on_close runs at once once the client has left before the end")
+    early = await _leave(peer, ResponseState.CLOSED_STREAMING, "after the client left mid-body")
     _expect(response.write(b"x" * peer.high_water) is True, "write() after the client left returns True")
     drained = _Calls()
     response.on_drained(drained)
