@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 ARGS ?=
 
-.PHONY: run test lint bench tools clean
+.PHONY: run test lint bench tools image clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,10 @@ lint: $(VENV)/.installed-lint
 
 bench: $(VENV)/.installed-bench tools
 	$(PY) -m benchmarks $(ARGS)
+
+# The container image (Dockerfile, docs/scaling.md); needs a Docker daemon.
+image:
+	docker build -t llmsim:dev .
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

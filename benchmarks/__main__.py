@@ -18,7 +18,9 @@ import attrs
 from benchmarks.scenarios import Options
 
 SCENARIOS = ("startup", "ceiling", "throughput", "fidelity", "memory")
-ON_REQUEST = ("compare", "metrics", "embeddings")
+ON_REQUEST = ("compare", "metrics", "embeddings", "workers", "kv_cache", "abuse", "soak")
+#: Scenarios that live outside benchmarks/scenarios/.
+MODULES = {"abuse": "benchmarks.abuse", "soak": "benchmarks.soak"}
 
 
 def main() -> None:
@@ -44,7 +46,7 @@ def main() -> None:
     for name in args.scenarios or SCENARIOS:
         started = time.perf_counter()
         print(f"\n=== {name} ===", flush=True)
-        importlib.import_module(f"benchmarks.scenarios.{name}").run(options)
+        importlib.import_module(MODULES.get(name, f"benchmarks.scenarios.{name}")).run(options)
         print(f"({name}: {time.perf_counter() - started:.0f} s)", flush=True)
 
 

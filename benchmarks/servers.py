@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -142,8 +142,11 @@ class RunningServer:
 
 
 @contextmanager
-def running(spec: ServerSpec, log_dir: Path) -> Iterator[RunningServer]:
-    """Start ``spec``, wait until it serves, sample it in the background, stop it after."""
+def running(
+    spec: ServerSpec, log_dir: Path, ready: Callable[[RunningServer], None] | None = None
+) -> Iterator[RunningServer]:
+    """Start ``spec``, wait until it serves (``ready``, by default one streamed chat
+    completion), sample it in the background, stop it after."""
     port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     with open(log_dir / f"{spec.name}.log", "wb") as log:
@@ -152,7 +155,7 @@ def running(spec: ServerSpec, log_dir: Path) -> Iterator[RunningServer]:
         stop = threading.Event()
         sampler = threading.Thread(target=_sample_until, args=(server, stop), daemon=True)
         try:
-            _wait_ready(server)
+            (ready or _wait_ready)(server)
             sampler.start()
             yield server
         finally:

@@ -28,10 +28,11 @@ from llmsim.engine.scheduler import Engine
 __all__ = ["ADMIN_KEYS", "LiveConfig", "go_duration"]
 
 #: The keys ``POST /admin/config`` may change: the latency model's and llm-d's control keys
-#: (llm-d's own: not llmsim's ``latency-profile``).
+#: (llm-d's own: not llmsim's ``latency-profile``), and llmsim's protocol faults
+#: (``fault``, ``fault-rate``: docs/faults.md).
 ADMIN_KEYS = frozenset(
     [setting.key for setting in SETTINGS.values() if setting.group == "latency" and setting.llmd_key]
-    + ["failure-injection-rate", "failure-types", "fake-metrics"]
+    + ["failure-injection-rate", "failure-types", "fake-metrics", "fault", "fault-rate"]
 )
 _FAKE_METRICS = "fake-metrics"
 _SECRET_KEYS = frozenset(["api-key"])

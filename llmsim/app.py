@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -15,7 +16,10 @@ from llmsim.api import generate as generate_api
 from llmsim.api import render as render_api
 from llmsim.api.admin import SleepState
 from llmsim.api.context import ApiContext
+from llmsim.api.grpc import routes as grpc_api
+from llmsim.api.http import Application
 from llmsim.api.lora import routes as lora_api
+from llmsim.api.query import routes as query_api
 from llmsim.api.responses.store import ResponseStore
 from llmsim.api.router import Api, Router
 from llmsim.config import Config, ConfigError
@@ -23,8 +27,10 @@ from llmsim.engine.kv_cache import BlockPool
 from llmsim.engine.metric_buckets import parse_custom_buckets
 from llmsim.engine.metrics import EngineMetrics
 from llmsim.engine.scheduler import Engine
+from llmsim.kv_events import KvEventsPublisher, pod_ip, publisher_settings
 from llmsim.model.text import TextGenerator
 from llmsim.model.tokenizer import Tokenizer, load_tokenizer
+from llmsim.workers.headers import answer_headers, with_headers
 
 __all__ = ["STEP_QUANTUM", "Simulator", "build_engine", "build_router"]
 
@@ -40,23 +46,35 @@ def _nothing() -> None:
     pass
 
 
-def build_engine(config: Config) -> Engine:
-    """The engine ``config`` asks for; ``--seed`` seeds its latency jitter."""
+def build_engine(config: Config, kv_cache: BlockPool | None = None) -> Engine:
+    """The engine ``config`` asks for; ``--seed`` seeds its latency jitter.  ``kv_cache``:
+    the block pool it uses, by default the one ``config`` asks for."""
     return Engine(
         config.engine,
         config.latency,
         rng=random.Random(config.model.seed),
         metrics=EngineMetrics(config.model.max_model_len, _custom_buckets(config)),
-        kv_cache=_kv_cache(config),
+        kv_cache=kv_cache if kv_cache is not None else _kv_cache(config),
     )
 
 
 def _kv_cache(config: Config) -> BlockPool | None:
-    """With ``--enable-kvcache``, the block pool, keyed by the first served model name."""
+    """With ``--enable-kvcache`` (or vLLM's ``--kv-events-config`` enabling events), the
+    block pool, keyed by the first served model name."""
     options = config.engine
-    if not options.enable_kvcache:
+    vllm_events = config.kv_events.vllm_config()
+    if not options.enable_kvcache and not (vllm_events is not None and vllm_events.enable_kv_cache_events):
         return None
     return BlockPool(options.kv_cache_size, options.block_size, options.hash_seed, model=config.model.display_model)
+
+
+def _kv_events(config: Config, pool: BlockPool | None) -> KvEventsPublisher | None:
+    """The publisher of ``pool``'s events, for this process's data-parallel rank."""
+    if pool is None:
+        return None
+    options = config.kv_events
+    settings = publisher_settings(options, options.rank or 0)
+    return KvEventsPublisher(settings, pool, model=config.model.name, port=config.server.port, pod_ip=pod_ip())
 
 
 def _custom_buckets(config: Config) -> dict[str, tuple[float, ...]] | None:
@@ -88,6 +106,8 @@ def build_router() -> Router:
     admin.register(router)
     tokenize.register(router)
     lora_api.register(router)
+    query_api.register(router)
+    grpc_api.register(router)
     return router
 
 
@@ -100,7 +120,8 @@ class Simulator:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.engine = build_engine(config)
+        self.kv_cache = _kv_cache(config)
+        self.engine = build_engine(config, self.kv_cache)
         # POST /admin/config swaps the Config: the engine's latency, then this and ctx.control
         self.live_config = LiveConfig(config, self.engine, self._config_changed)
         tokenizer = _tokenizer(config.model.tokenizer)
@@ -119,10 +140,21 @@ class Simulator:
             admin=self.live_config,
             sleep=SleepState(),
         )
-        self.app = Api(self.ctx, build_router())
+        # POD_NAME / POD_NAMESPACE: llm-d's x-inference-pod / -port / -namespace headers
+        headers = answer_headers(os.environ, config.server.port)
+        self.app: Application = with_headers(Api(self.ctx, build_router()), headers)
         #: Tasks that live as long as the engine task (``serve()`` adds the stats line),
         #: so that whatever runs the engine runs them too, on either backend.
         self.beside_engine: list[Callable[[], Awaitable[None]]] = []
+        #: The KV events publisher (with a KV cache), a task beside the engine's.
+        self.kv_events = _kv_events(config, self.kv_cache)
+        if self.kv_events is not None:
+            self.beside_engine.append(self.kv_events.run)
+
+    def serving(self, port: int) -> None:
+        """The server is bound to ``port`` (KV event topics name it)."""
+        if self.kv_events is not None:
+            self.kv_events.serving_port(port)
 
     def _config_changed(self, config: Config) -> None:
         self.config = config

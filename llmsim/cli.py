@@ -16,11 +16,13 @@ import signal
 import sys
 import textwrap
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from functools import partial
 from typing import NoReturn
 
 import trio
 
 from llmsim import __version__
+from llmsim.app import Simulator
 from llmsim.config import (
     IGNORED_KEYS,
     SETTINGS,
@@ -34,9 +36,9 @@ from llmsim.config import (
 from llmsim.dataset_tool import build_dataset
 from llmsim.latency_profiles import PROFILE_NAMES
 from llmsim.logs import configure_logging
-from llmsim.server import serve
+from llmsim.server import ServerHandle, serve
 
-__all__ = ["build_parser", "config_from_args", "main", "parse_args", "reference_table"]
+__all__ = ["build_parser", "config_from_args", "main", "parse_args", "reference_table", "run_server"]
 
 
 def _fail(message: str) -> NoReturn:
@@ -275,7 +277,11 @@ def main(argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None
         _fail(str(exc))
     for note in notes:  # only once the configuration holds: an error stays one line
         _note(note)
-    return _run(config)
+    if config.server.workers != 1:
+        from llmsim.workers.supervisor import run_workers  # it imports this module
+
+        return run_workers(config)
+    return run_server(config)
 
 
 def _build_dataset(args: argparse.Namespace) -> int:
@@ -291,10 +297,20 @@ def _build_dataset(args: argparse.Namespace) -> int:
 SERVER_GC_THRESHOLDS = (50_000, 20, 100)
 
 
-def _run(config: Config) -> int:
+def _announce(config: Config, handle: ServerHandle) -> None:
+    _say(f"llmsim serving {config.model.display_model} on {handle.url} (HTTP/1.1 + HTTP/2)")
+
+
+def run_server(
+    config: Config,
+    *,
+    setup: Callable[[Simulator], None] | None = None,
+    announce: Callable[[Config, ServerHandle], None] = _announce,
+) -> int:
     """Serve; the exit status: 0 after a graceful shutdown, 1 if serving failed, 2 for a
     configuration problem found only at start-up (an unreadable certificate or
-    tokenizer), 128 + the signal number if a second signal cut the shutdown short."""
+    tokenizer), 128 + the signal number if a second signal cut the shutdown short.
+    ``setup`` and ``announce`` are what a ``--workers`` worker adds (:mod:`llmsim.workers`)."""
     failure: BaseException | None = None
     status = 0
     # The server process is ours: with thousands of streams the default thresholds run a
@@ -303,7 +319,7 @@ def _run(config: Config) -> int:
     gc.set_threshold(*SERVER_GC_THRESHOLDS)
     configure_logging(config.control.log_level)  # the process is ours: embedded servers only emit records
     try:
-        trio.run(_serve_until_signalled, config)
+        trio.run(_serve_until_signalled, config, setup, announce)
     except* ConfigError as group:
         failure, status = _first(group), 2
     except* OSError as group:
@@ -322,7 +338,9 @@ def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
     return _first(leaf) if isinstance(leaf, BaseExceptionGroup) else leaf
 
 
-async def _serve_until_signalled(config: Config) -> None:
+async def _serve_until_signalled(
+    config: Config, setup: Callable[[Simulator], None] | None, announce: Callable[[Config, ServerHandle], None]
+) -> None:
     """Serve until SIGINT or SIGTERM, then shut down gracefully; a second signal of
     either kind ends the process at once.
 
@@ -335,8 +353,8 @@ async def _serve_until_signalled(config: Config) -> None:
             nursery.start_soon(_watch_signals, signals, server_scope, config.server.shutdown_grace_period)
             with server_scope:
                 async with trio.open_nursery() as server:
-                    handle = await server.start(serve, config)
-                    _say(f"llmsim serving {config.model.display_model} on {handle.url} (HTTP/1.1 + HTTP/2)")
+                    handle = await server.start(partial(serve, setup=setup), config)
+                    announce(config, handle)
             nursery.cancel_scope.cancel()
 
 

@@ -39,7 +39,9 @@ from llmsim.options import (
     ControlOptions,
     EngineOptions,
     JsonObjectText,
+    KvEventsOptions,
     LatencyOptions,
+    LimitOptions,
     ModelOptions,
     OptionDoc,
     ServerOptions,
@@ -289,6 +291,10 @@ class Config:
     server: ServerOptions = attrs.field(factory=ServerOptions, metadata={"title": "server"})
     control: ControlOptions = attrs.field(
         factory=ControlOptions, metadata={"title": "metrics, failures, sleep, API key and logs"}
+    )
+    limits: LimitOptions = attrs.field(factory=LimitOptions, metadata={"title": "limits"})
+    kv_events: KvEventsOptions = attrs.field(
+        factory=KvEventsOptions, metadata={"title": "KV events and data-parallel ranks"}
     )
 
     def __init__(self, **settings: object) -> None:

@@ -48,18 +48,9 @@ _VLLM_ONLY: dict[str, str] = {
 }
 
 _LLMD_NOT_YET: dict[str, str] = {
-    "zmq-endpoint": "value",
-    "event-batch-size": "value",
-    "use-vllm-map-event-format": "switch",
-    "kv-events-replay-endpoint": "value",
-    "kv-events-replay-queue-size": "value",
-    "global-cache-hit-threshold": "value",
-    "data-parallel-size": "value",
-    "data-parallel-rank": "value",
     "enable-request-id-headers": "switch",
     "log-http": "switch",
     "skip-tool-validation": "switch",
-    "mm-encoder-only": "switch",
     "omni": "switch",
     "image-emission-rate": "value",
     "time-to-generate-image": "value",

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Protocol
 
@@ -14,9 +14,18 @@ import trio.testing
 
 from llmsim.api.http import ResponseState, ResponseStateError, ResponseStream
 from llmsim.config import Config
+from llmsim.faults import parse_faults
 from llmsim.server import ServerHandle, serve
 
-__all__ = ["ReceivedResponse", "StreamUnderTest", "check_response_stream", "open_simulator"]
+__all__ = [
+    "FAULT_HEADER",
+    "ReceivedResponse",
+    "StreamUnderTest",
+    "check_response_stream",
+    "fault_header",
+    "fault_headers",
+    "open_simulator",
+]
 
 
 @asynccontextmanager
@@ -39,6 +48,84 @@ async def open_simulator(config: Config | None = None, **overrides: Any) -> Asyn
             nursery.cancel_scope.cancel()
 
 
+# --- protocol faults (docs/faults.md) ------------------------------------------------------
+
+#: The request header that asks the native server for protocol faults.
+FAULT_HEADER = "x-llmsim-fault"
+
+
+def fault_header(
+    *,
+    rst_after: int | None = None,
+    code: str | None = None,
+    goaway_after: int | None = None,
+    goaway_code: str | None = None,
+    close_after: int | None = None,
+    close_mode: str | None = None,
+    frame_size: int | None = None,
+    split_at: Sequence[int] = (),
+    coalesce: int | None = None,
+    empty_data: int | None = None,
+    padding: int | None = None,
+    continuation: int | None = None,
+    delay_headers_ms: int | None = None,
+    delay_first_token_ms: int | None = None,
+    stall: tuple[int, int] | None = None,
+    ping_after: int | None = None,
+    settings_after: int | None = None,
+    window_update_storm: tuple[int, int] | None = None,
+    bad_event: tuple[int, str] | None = None,
+    error_after: int | None = None,
+    error_status: int | None = None,
+    trailers: Mapping[str, str] | None = None,
+) -> str:
+    """The value of an ``x-llmsim-fault`` header asking for these faults (checked: a
+    fault the server would refuse raises ``ValueError``)::
+
+        fault_header(rst_after=5, code="CANCEL")      # "rst-after=5,code=CANCEL"
+        fault_header(frame_size=3, stall=(2, 500))    # "frame-size=3; stall=2:500"
+
+    ``code`` is the reset's RFC 9113 error code, ``close_mode`` ``"rst"`` or
+    ``"close-notify"`` (default: a FIN), ``stall`` (after events, ms),
+    ``window_update_storm`` (after events, count), ``bad_event`` (after events, kind).
+    """
+    faults = [
+        _fault("rst-after", rst_after, code and f"code={code}"),
+        _fault("goaway-after", goaway_after, goaway_code and f"code={goaway_code}"),
+        _fault("close-after", close_after, close_mode and f"mode={close_mode}"),
+        _fault("frame-size", frame_size),
+        _fault("split-at", ",".join(map(str, split_at)) or None),
+        _fault("coalesce", coalesce),
+        _fault("empty-data", empty_data),
+        _fault("padding", padding),
+        _fault("continuation", continuation),
+        _fault("delay-headers", delay_headers_ms),
+        _fault("delay-first-token", delay_first_token_ms),
+        _fault("stall", stall and f"{stall[0]}:{stall[1]}"),
+        _fault("ping-after", ping_after),
+        _fault("settings-after", settings_after),
+        _fault("window-update-storm", window_update_storm and f"{window_update_storm[0]}:{window_update_storm[1]}"),
+        _fault("bad-event", bad_event and f"{bad_event[0]}:{bad_event[1]}"),
+        _fault("error-after", error_after, None if error_status is None else f"code={error_status}"),
+        _fault("trailers", ",".join(f"{name}:{value}" for name, value in (trailers or {}).items()) or None),
+    ]
+    text = "; ".join(fault for fault in faults if fault)
+    parse_faults(text)  # raises FaultSyntaxError, a ValueError, naming the bad fault
+    return text
+
+
+def fault_headers(**faults: Any) -> dict[str, str]:
+    """``{"x-llmsim-fault": fault_header(**faults)}``: for ``httpx``'s ``headers=`` or the
+    openai SDK's ``extra_headers=``."""
+    return {FAULT_HEADER: fault_header(**faults)}
+
+
+def _fault(name: str, value: object, option: str | None = None) -> str:
+    if value is None:
+        return ""
+    return f"{name}={value}" + (f",{option}" if option else "")
+
+
 # --- the ResponseStream contract --------------------------------------------------------
 
 
@@ -50,6 +137,7 @@ class ReceivedResponse:
     headers: tuple[tuple[bytes, bytes], ...] = ()  # names lower-case
     body: bytes = b""
     complete: bool = False  # the response arrived to its end (not cut by a reset, a close or an error)
+    trailers: tuple[tuple[bytes, bytes], ...] = ()  # the fields after the body (names lower-case)
 
 
 class StreamUnderTest(Protocol):
@@ -91,7 +179,9 @@ OpenStream = Callable[[], AbstractAsyncContextManager[StreamUnderTest]]
 _HEAD = ((b"content-type", b"text/plain"), (b"x-contract", b"1"))
 
 
-async def check_response_stream(open_stream: OpenStream, *, handler_failures: bool = True) -> None:
+async def check_response_stream(
+    open_stream: OpenStream, *, handler_failures: bool = True, trailers: bool = False
+) -> None:
     """Check a :class:`~llmsim.api.http.ResponseStream` implementation against what
     :mod:`llmsim.api.http` promises, in the spirit of ``trio.testing.check_one_way_stream``.
 
@@ -103,7 +193,9 @@ async def check_response_stream(open_stream: OpenStream, *, handler_failures: bo
     at the high-water mark, ``on_drained`` runs once the client read the buffer);
     and, with ``handler_failures`` (off for a test double that runs no handler), that a
     handler failing before ``start`` is answered 500 in the error envelope and one
-    failing after it has its response aborted.  Raises AssertionError on the first
+    failing after it has its response aborted.  With ``trailers`` (a backend that
+    carries them: HTTP/2, chunked HTTP/1.1), that ``end(data, trailers)`` delivers the
+    body and then the trailer fields.  Raises AssertionError on the first
     broken promise.  Needs a running trio loop (it uses
     ``trio.testing.wait_all_tasks_blocked``).
     """
@@ -116,6 +208,8 @@ async def check_response_stream(open_stream: OpenStream, *, handler_failures: bo
     ]
     if handler_failures:
         checks += [_check_failure_before_start, _check_failure_after_start]
+    if trailers:
+        checks.append(_check_trailers)
     for check in checks:
         async with open_stream() as peer:
             await check(peer)
@@ -261,6 +355,21 @@ async def _check_backpressure(peer: StreamUnderTest) -> None:
     _expect(received.body == b"x" * peer.high_water + b"yz", "every byte written arrives, in order")
     _expect(received.complete and response.state is ResponseState.DONE, "the response completes")
     _expect(drained.count == 1, "on_drained callbacks run only once")
+
+
+async def _check_trailers(peer: StreamUnderTest) -> None:
+    response = peer.response
+    response.start(200, _HEAD)
+    response.write(b"body")
+    response.end(b"", trailers=((b"x-trailer", b"t1"), (b"x-status", b"0")))
+    await peer.read()
+    _expect_state(response, ResponseState.DONE, "once the client read a response ended with trailers")
+    received = peer.received()
+    _expect(received.body == b"body" and received.complete, "the body before the trailers arrives complete")
+    _expect(
+        received.trailers == ((b"x-trailer", b"t1"), (b"x-status", b"0")),
+        f"the trailers given to end() arrive after the body, in order (got {received.trailers!r})",
+    )
 
 
 async def _check_failure_before_start(peer: StreamUnderTest) -> None:

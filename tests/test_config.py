@@ -25,7 +25,9 @@ from llmsim.config import (
 from llmsim.options import (
     ControlOptions,
     EngineOptions,
+    KvEventsOptions,
     LatencyOptions,
+    LimitOptions,
     ModelOptions,
     ServerOptions,
     ToolCallOptions,
@@ -86,7 +88,16 @@ def test_format_duration_reads_back(seconds: float) -> None:
 
 
 def test_every_group_field_is_one_setting_under_its_own_key() -> None:
-    groups = (ModelOptions, EngineOptions, ToolCallOptions, LatencyOptions, ServerOptions, ControlOptions)
+    groups = (
+        ModelOptions,
+        EngineOptions,
+        ToolCallOptions,
+        LatencyOptions,
+        ServerOptions,
+        ControlOptions,
+        LimitOptions,
+        KvEventsOptions,
+    )
     fields = [field for group in groups for field in attrs.fields(group)]
     assert [option_key(field) for field in fields] == [setting.key for setting in SETTINGS.values()]
     assert len(set(SETTINGS)) == len(fields)
@@ -97,6 +108,8 @@ def test_every_group_field_is_one_setting_under_its_own_key() -> None:
         "latency model",
         "server",
         "metrics, failures, sleep, API key and logs",
+        "limits",
+        "KV events and data-parallel ranks",
     ]
 
 

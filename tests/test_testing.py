@@ -10,7 +10,7 @@ import attrs
 import pytest
 import trio
 
-from llmsim.api.http import ResponseState
+from llmsim.api.http import Headers, ResponseState
 from llmsim.testing import ReceivedResponse, StreamUnderTest, check_response_stream
 from tests.api.fakes import FakeResponse
 
@@ -92,8 +92,8 @@ class WritesAfterTheEnd(FakeResponse):
 
 
 class ClosesAtTheEnd(FakeResponse):
-    def end(self, data: bytes = b"") -> None:
-        super().end(data)
+    def end(self, data: bytes = b"", trailers: Headers = ()) -> None:
+        super().end(data, trailers)
         for callback in self._closed:
             callback()
 

@@ -12,7 +12,7 @@ import attrs
 import orjson
 
 from llmsim.api.errors import JSON_HEADERS, ApiError
-from llmsim.api.http import HttpRequest, ResponseStream
+from llmsim.api.http import HttpRequest, InjectedFaults, ResponseStream
 from llmsim.api.lora.registry import LoraRegistry
 from llmsim.api.structure import error_input, request_validation_error
 from llmsim.engine.scheduler import Engine
@@ -66,6 +66,8 @@ class ApiContext:
     # change leaves request ids as they were.  Reproducible under --seed.
     failure_rng: random.Random = attrs.field(init=False)
     loras: LoraRegistry = attrs.field(init=False)  # the served LoRA adapters (llmsim/api/lora/)
+    # Protocol faults injected (x-llmsim-fault, --fault): the native server counts, /metrics reads.
+    injected_faults: InjectedFaults = attrs.field(factory=InjectedFaults, init=False)
 
     def __attrs_post_init__(self) -> None:
         self._id_rng = random.Random(self.model.seed)

@@ -180,8 +180,10 @@ def build_jobs(plan: GenerationPlan, sink: JobSink, lora: str | None = None) -> 
                 request_id=plan.request_id,
                 max_tokens=prompt.output_cap,
                 remote_prefill=prompt.remote_prefill,
+                cache_hit_threshold=prompt.cache_hit_threshold,
                 group=group,
                 lora=lora,
+                kv_multimodal=prompt.kv_multimodal,
             )
         )
     return jobs

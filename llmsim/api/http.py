@@ -47,11 +47,13 @@ __all__ = [
     "Application",
     "Headers",
     "HttpRequest",
+    "InjectedFaults",
     "ResponseEvent",
     "ResponseState",
     "ResponseStateError",
     "ResponseStateFlags",
     "ResponseStream",
+    "ResponseWrapper",
     "error_body",
     "next_state",
     "openai_error_type",
@@ -137,6 +139,25 @@ def error_body(status: int, message: str, *, param: str | None = None, error_typ
     )
 
 
+@attrs.define(eq=False)
+class InjectedFaults:
+    """How many times each protocol fault was injected (``x-llmsim-fault``, ``--fault``):
+    the protocol layer adds, ``/metrics`` reads (``llmsim:injected_faults_total``).
+    ``declare`` names the faults reported from the start, at 0."""
+
+    _counts: dict[str, int] = attrs.field(factory=dict, init=False)
+
+    def declare(self, names: Sequence[str]) -> None:
+        for name in names:
+            self._counts.setdefault(name, 0)
+
+    def add(self, name: str) -> None:
+        self._counts[name] = self._counts.get(name, 0) + 1
+
+    def snapshot(self) -> dict[str, int]:
+        return dict(self._counts)
+
+
 @attrs.frozen
 class HttpRequest:
     """A complete request: head and body.  Header names are lower-case bytes."""
@@ -199,9 +220,13 @@ class ResponseStream(Protocol):
         :meth:`start` or after :meth:`end`.  Once the client is gone the bytes are
         dropped and True is returned (``on_close`` tells the producer)."""
 
-    def end(self, data: bytes = b"") -> None:
-        """Append the last body bytes and finish the response.  Raises
-        :class:`ResponseStateError` before :meth:`start` or when called twice."""
+    def end(self, data: bytes = b"", trailers: Headers = ()) -> None:
+        """Append the last body bytes and finish the response, with ``trailers`` (lower-case
+        field names) after the body: HTTP/2 sends them as a HEADERS frame with END_STREAM
+        (gRPC's ``grpc-status``), HTTP/1.1 as the trailer section of a chunked body (they
+        are dropped on a body with Content-Length), ASGI through the
+        ``http.response.trailers`` extension where the server offers it (else dropped).
+        Raises :class:`ResponseStateError` before :meth:`start` or when called twice."""
 
     def on_drained(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once (from the transport's side) when the buffer falls below
@@ -213,6 +238,52 @@ class ResponseStream(Protocol):
         """Call ``callback`` once when the client goes away (or the response is
         aborted) before :meth:`end`; at once if that already happened.  Never called
         for a response that ended, whatever becomes of its last bytes."""
+
+
+class ResponseWrapper:
+    """A :class:`ResponseStream` over ``inner`` that changes some of its calls: a subclass
+    overrides what it changes, and every call it does not override is ``inner``'s own
+    bound method (set on the instance, so passing a token through costs no extra call).
+    ``state`` and its flags are ``inner``'s."""
+
+    _PASSED = ("start", "write", "end", "on_drained", "on_close")
+
+    def __init__(self, inner: ResponseStream) -> None:
+        self._inner = inner
+        for name in self._PASSED:
+            if getattr(type(self), name) is getattr(ResponseWrapper, name):
+                setattr(self, name, getattr(inner, name))
+
+    @property
+    def state(self) -> ResponseState:
+        return self._inner.state
+
+    @property
+    def closed(self) -> bool:
+        return self._inner.closed
+
+    @property
+    def started(self) -> bool:
+        return self._inner.started
+
+    @property
+    def ended(self) -> bool:
+        return self._inner.ended
+
+    def start(self, status: int, headers: Headers) -> None:
+        self._inner.start(status, headers)
+
+    def write(self, data: bytes) -> bool:
+        return self._inner.write(data)
+
+    def end(self, data: bytes = b"", trailers: Headers = ()) -> None:
+        self._inner.end(data, trailers)
+
+    def on_drained(self, callback: Callable[[], None]) -> None:
+        self._inner.on_drained(callback)
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        self._inner.on_close(callback)
 
 
 class Application(Protocol):

@@ -34,6 +34,7 @@ from llmsim.api.stops import StopRule, finish_turn
 from llmsim.api.tool_support import planning_errors
 from llmsim.api.turns import TOOL_CALL, Block, TurnPlan, text_blocks
 from llmsim.engine.job import Job
+from llmsim.engine.kv_hashing import MultimodalItem
 from llmsim.model.text import FinishReason
 from llmsim.model.tools import CompiledSchema, arguments_json
 from llmsim.schema.regex import StringPattern
@@ -59,6 +60,8 @@ JSON_OBJECT = "json_object"
 REGEX = "regex"
 CHOICE = "choice"
 _JSON_OBJECT_OVERHEAD = 8  # tokens of '{"response": ""}' around a json_object's text
+#: Finish reasons of jobs the engine ended before their plan ran out.
+_ENDED_EARLY = (FinishReason.ABORT, FinishReason.CACHE_THRESHOLD)
 
 
 @attrs.frozen
@@ -68,6 +71,8 @@ class PromptPlan:
     token_ids: Sequence[int]
     output_cap: int  # the most tokens an answer may have: the request's cap within the context window
     remote_prefill: bool = False  # P/D decode side (kv_transfer_params.do_remote_prefill): TTFT is the KV transfer
+    cache_hit_threshold: float | None = None  # the engine's admission gate (llmsim/api/transfer.py)
+    kv_multimodal: tuple[MultimodalItem, ...] = ()  # its media, for its KV block keys (render/features.py)
 
 
 @attrs.frozen
@@ -132,7 +137,10 @@ def plan_text(
     prompt_ids: Sequence[int] = (),
 ) -> TurnPlan:
     """A text turn from the text generator (its length rules, its finish reason;
-    ``prompt_ids`` pick the answer in dataset mode)."""
+    ``prompt_ids`` pick the answer in dataset mode); an encoder pod's ``"!"`` turn with
+    ``--mm-encoder-only``."""
+    if ctx.engine.options.mm_encoder_only:
+        return _encoder_only_turn(ctx, prompt_tokens, max_tokens)
     text = ctx.text.generate(
         rng,
         max_tokens=max_tokens,
@@ -143,6 +151,15 @@ def plan_text(
         prompt_ids=prompt_ids,
     )
     return TurnPlan(text.pieces, text.token_ids, text.finish_reason, text_blocks(len(text.pieces)))
+
+
+def _encoder_only_turn(ctx: ApiContext, prompt_tokens: int, max_tokens: int | None) -> TurnPlan:
+    """An encoder pod's answer: ``"!"`` once per ``max_tokens`` (once when unset), within
+    the room the prompt leaves, finish ``length`` (llm-d-inference-sim's
+    ``MMEncoderOnlyDataset``, pkg/dataset/dataset.go:69-111)."""
+    count = max(0, min(1 if max_tokens is None else max_tokens, ctx.model.max_model_len - prompt_tokens))
+    token_id = ctx.tokenizer.encode("!")[0]
+    return TurnPlan(("!",) * count, (token_id,) * count, FinishReason.LENGTH, text_blocks(count))
 
 
 def plan_answer(
@@ -279,8 +296,9 @@ def as_emitted(turn: TurnPlan, emitted: int, finish_reason: str) -> TurnPlan:
     """``turn`` as far as its job got: ``turn`` itself, unless the engine ended the job
     early (sleep ``mode=abort``, :mod:`llmsim.engine.pause`); then its first ``emitted``
     pieces, finished with ``finish_reason`` and no stop reason (a non-streaming body
-    shows what was generated until the abort).  The first block stays, maybe empty."""
-    if finish_reason != FinishReason.ABORT:
+    shows what was generated until the abort), or unadmitted (``cache_threshold``: nothing).
+    The first block stays, maybe empty."""
+    if finish_reason not in _ENDED_EARLY:
         return turn
     kept = tuple(attrs.evolve(b, stop=min(b.stop, emitted)) for b in turn.blocks if b.start < emitted)
     whole = None if turn.whole_tokens is None else turn.whole_tokens[:emitted]
@@ -295,8 +313,9 @@ def as_emitted(turn: TurnPlan, emitted: int, finish_reason: str) -> TurnPlan:
 
 def stop_reason_of_job(job: Job, stop_reasons: Sequence[str | int | None]) -> str | int | None:
     """The stop string or token id that ended ``job``'s choice: none when an abort ended
-    it first (vLLM's abort output carries none, vllm/v1/engine/core.py:2246-2257)."""
-    return None if job.finish_reason == FinishReason.ABORT else stop_reasons[job.index]
+    it first (vLLM's abort output carries none, vllm/v1/engine/core.py:2246-2257), or a
+    cache-hit threshold before it began."""
+    return None if job.finish_reason in _ENDED_EARLY else stop_reasons[job.index]
 
 
 def _split(ctx: ApiContext, text: str) -> tuple[tuple[str, ...], tuple[int, ...]]:

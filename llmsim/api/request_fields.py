@@ -18,6 +18,7 @@ sent as ``null`` counts as not set.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import attrs
 
@@ -101,6 +102,8 @@ class GenerationParams(SamplingFields):
     # names the request unless X-Request-Id does (vllm/entrypoints/serve/engine/serving.py:133-142)
     request_id: str | None = None
     include_stop_str_in_output: bool | None = None  # vllm/entrypoints/openai/chat_completion/protocol.py:293
+    kv_transfer_params: dict[str, Any] | None = None  # P/D (llmsim/api/transfer.py)
+    cache_hit_threshold: float | None = None  # llm-d-inference-sim's admission gate (llmsim/api/transfer.py)
 
     @property
     def choices_per_prompt(self) -> int:

@@ -7,6 +7,10 @@ has the method, else to the first pattern that matches with the method (so
 asks for a stored response, as in vLLM's Starlette app).  An unknown path is 404, a known
 path with another method 405 with an ``Allow`` header, both in the error envelope of the
 route family (Anthropic's for ``/v1/messages``, vLLM's elsewhere).
+
+A family may also claim every ``POST`` whose ``Content-Type`` starts with a prefix,
+whatever its path (:meth:`Router.add_content_type`): gRPC (``application/grpc``, the
+path names the method) answers unknown paths itself, with its own status codes.
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ class Router:
         self._patterns: list[_Route] = []
         # Exact routes' answers, by (method, path) as sent:
         self._resolved: dict[tuple[str, str], Resolved] = {}
+        self._content_types: list[tuple[str, Resolved]] = []  # (content-type prefix, its handler)
 
     def add(self, method: str, path: str, handler: Handler, *, error_style: str = ErrorStyle.OPENAI) -> None:
         segments = tuple(path.split("/"))
@@ -92,6 +97,21 @@ class Router:
                 self._exact[path] = route
         route.handlers[method.upper()] = handler
         self._resolved.clear()
+
+    def add_content_type(self, prefix: str, handler: Handler) -> None:
+        """Every ``POST`` whose Content-Type starts with ``prefix`` goes to ``handler``,
+        whatever its path (checked before the paths)."""
+        self._content_types.append((prefix, Resolved(handler, _NO_PARAMS, ErrorStyle.OPENAI)))
+
+    def resolve_request(self, request: HttpRequest) -> Resolved:
+        """The handler for ``request``: its content type's family, else its path's
+        (:meth:`resolve`, which raises the 404 / 405)."""
+        if self._content_types and request.method == "POST":
+            content_type = request.header("content-type") or ""
+            for prefix, resolved in self._content_types:
+                if content_type.startswith(prefix):
+                    return resolved
+        return self.resolve(request.method, request.path)
 
     def _find(self, segments: tuple[str, ...], is_pattern: bool) -> _Route | None:
         if not is_pattern:
@@ -164,7 +184,7 @@ class Api:
             send_unauthorized(response)
             return
         try:
-            resolved = self.router.resolve(request.method, request.path)
+            resolved = self.router.resolve_request(request)
         except ApiError as error:  # 404 / 405: in the envelope of the path's family
             self._send_error(response, error, self.router.error_style_for(request.path))
             return

@@ -11,8 +11,8 @@ from llmsim.engine.job import Job
 __all__ = ["CACHE_BLOCK_TOKENS", "ChunkUsage", "Usage", "UsageStyle"]
 
 
-#: Tokens per KV-cache block: vLLM's default block size on GPUs.  A prompt's full
-#: blocks are what its prefill writes to the prefix cache.
+#: Tokens per KV-cache block: vLLM's default block size on GPUs (and ``--block-size``'s
+#: default).  A prompt's full blocks are what its prefill writes to the prefix cache.
 CACHE_BLOCK_TOKENS = 16
 
 
@@ -28,6 +28,7 @@ class UsageStyle:
 
     prompt_details: bool
     created_cache_tokens: bool  # chat: True; completions: False
+    block_size: int = CACHE_BLOCK_TOKENS  # --block-size: the blocks cache writes are counted in
 
 
 @attrs.frozen
@@ -35,7 +36,7 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
-    created_cache_tokens: int = 0  # prompt tokens the prefill wrote to the prefix cache
+    prompts: tuple[tuple[int, int], ...] = ()  # per prompt: its tokens and how many were cached
 
     @classmethod
     def of(cls, jobs: Sequence[Job], choices_per_prompt: int) -> Usage:
@@ -43,18 +44,23 @@ class Usage:
         the ``n`` choices of one prompt share it.  Choice ``i`` belongs to prompt
         ``i // choices_per_prompt``.  (One pass: this runs at the end of every request.)
 
-        The cache writes are vLLM's ``num_cache_creation_tokens``: the prompt's full
-        blocks less what was already cached (vllm/v1/metrics/stats.py:342-346, fed
-        ``estimate_cached_tokens``, vllm/v1/core/kv_cache_manager.py:760)."""
-        prompt_tokens = completion_tokens = cached_tokens = created = 0
+        """
+        prompt_tokens = completion_tokens = cached_tokens = 0
+        prompts = []
         for job in jobs:
             completion_tokens += job.completion_tokens
             if job.index % choices_per_prompt == 0:
                 prompt_tokens += job.prompt_tokens
                 cached_tokens += job.cached_tokens
-                full_blocks = job.prompt_tokens - job.prompt_tokens % CACHE_BLOCK_TOKENS
-                created += max(0, full_blocks - job.cached_tokens)
-        return cls(prompt_tokens, completion_tokens, cached_tokens, created)
+                prompts.append((job.prompt_tokens, job.cached_tokens))
+        return cls(prompt_tokens, completion_tokens, cached_tokens, tuple(prompts))
+
+    def created_cache_tokens(self, block_size: int) -> int:
+        """The cache writes, vLLM's ``num_cache_creation_tokens``: each prompt's full
+        blocks of ``block_size`` tokens less what was already cached
+        (vllm/v1/metrics/stats.py:342-346, fed ``estimate_cached_tokens``,
+        vllm/v1/core/kv_cache_manager.py:760)."""
+        return sum(max(0, prompt - prompt % block_size - cached) for prompt, cached in self.prompts)
 
     @property
     def total_tokens(self) -> int:
@@ -67,7 +73,9 @@ class Usage:
         if style.prompt_details:
             details = {
                 "cached_tokens": self.cached_tokens,
-                "created_cache_tokens": self.created_cache_tokens if style.created_cache_tokens else None,
+                "created_cache_tokens": self.created_cache_tokens(style.block_size)
+                if style.created_cache_tokens
+                else None,
                 "multimodal_tokens": None,
             }
         return {
@@ -90,7 +98,7 @@ class Usage:
         if style.prompt_details:
             details: dict[str, object] = {"cached_tokens": self.cached_tokens}
             if style.created_cache_tokens:
-                details["created_cache_tokens"] = self.created_cache_tokens
+                details["created_cache_tokens"] = self.created_cache_tokens(style.block_size)
             usage["prompt_tokens_details"] = details
         return usage
 

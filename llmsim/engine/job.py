@@ -15,6 +15,7 @@ from typing import Protocol
 import attrs
 
 from llmsim.engine.kv_cache import PromptBlocks
+from llmsim.engine.kv_hashing import MultimodalItem
 
 __all__ = ["Job", "JobSink", "JobState", "RequestGroup"]
 
@@ -80,8 +81,14 @@ class Job:
     max_tokens: int | None = None  # the request's cap (for metrics); the plan already honours it
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (not prefilled again)
     remote_prefill: bool = False  # P/D decode side: TTFT is the KV transfer time
+    # Admission gate: a prefix hit rate below it ends the job unadmitted, "cache_threshold"
+    # (llm-d-inference-sim request.go:266-291); None: no gate.
+    cache_hit_threshold: float | None = None
     group: RequestGroup | None = None  # the request's other choices; None: a request of its own
     lora: str | None = None  # the LoRA adapter it runs with (a slot of --max-loras); None: the base model
+    # The prompt's multimodal items (mm hash, placeholder range): extra keys of the KV
+    # blocks they overlap, so the same tokens with other media get other keys.
+    kv_multimodal: tuple[MultimodalItem, ...] = ()
 
     # --- engine-owned state (engine clock, seconds) -------------------------------------
     state: JobState = JobState.NEW

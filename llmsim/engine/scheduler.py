@@ -35,12 +35,10 @@ less than one interval (half of it on average).  Tokens already due (zero latenc
 catching up, a resume) are never held back for the grid.  Without a quantum (the
 default) every deadline is its own step time, exactly.
 
-The schedule.  Jobs wait in buckets keyed by their step time (a heap of the distinct
-step times and a dict from step time to a list of jobs); jobs due at once wait in the
-ready list.  A job has at most one live entry: the one in the bucket named by
-``job.slot``.  An entry whose job has moved on (cancelled, finished, paused,
-rescheduled) is stale and skipped when its bucket comes up.  With a quantum, the
-per-token cost is a list append into a bucket that usually exists already.
+Who holds a slot and who waits for one is :class:`~llmsim.engine.admission.Admission`'s
+part; where each job's next entry waits until its step time, the
+:class:`~llmsim.engine.timetable.Timetable`'s.  :class:`Engine` builds on both: the
+caller's side, the step, and the per-token path.
 """
 
 from __future__ import annotations
@@ -49,33 +47,30 @@ import heapq
 import math
 import random
 from bisect import bisect_left
-from collections import deque
 from collections.abc import Callable
 
-from llmsim.engine.errors import QueueFullError, QueueLimit
+from llmsim.engine.admission import CACHE_THRESHOLD, Admission
 from llmsim.engine.grid import GRID_TOLERANCE, step_grid
 from llmsim.engine.job import Job, JobState
 from llmsim.engine.kv_cache import BlockPool
 from llmsim.engine.latency import LatencyModel
-from llmsim.engine.lora import LoraSlots, LoraState, lora_state
 from llmsim.engine.metrics import EngineMetrics
 from llmsim.engine.pause import ABORT, PauseState, end, shift_deadlines
 from llmsim.engine.prefill import ChunkedPrefill
 from llmsim.engine.statistics import LATE_STEP_THRESHOLD, EngineStatistics
+from llmsim.engine.timetable import READY, Timetable, is_live
 from llmsim.options import EngineOptions, LatencyOptions
 
-__all__ = ["MAX_TOKENS_PER_STEP", "Engine"]
+__all__ = ["CACHE_THRESHOLD", "MAX_TOKENS_PER_STEP", "Engine"]
 
 #: Most tokens one job receives in one step when it is catching up.
 MAX_TOKENS_PER_STEP = 16
-#: ``job.slot`` of a job waiting in the ready list (due at the next step).
-_READY = -math.inf
 _PREFILL = JobState.PREFILL
 _DECODING = JobState.DECODING
 _FINISHED = JobState.FINISHED
 
 
-class Engine:
+class Engine(Admission, Timetable):
     """Admits, queues, cancels and paces :class:`~llmsim.engine.job.Job` objects.
 
     ``rng`` drives latency jitter (``llmsim.app.build_engine`` seeds it from ``--seed``);
@@ -93,48 +88,18 @@ class Engine:
         metrics: EngineMetrics | None = None,
         kv_cache: BlockPool | None = None,
     ) -> None:
-        self._options = options
-        self._kv = kv_cache
-        self.metrics = metrics if metrics is not None else EngineMetrics()
+        Admission.__init__(self, options, metrics, kv_cache)
+        Timetable.__init__(self)
         self._latency = LatencyModel.from_options(latency, options.max_num_seqs)
         self._prefill = ChunkedPrefill(options.batched_token_budget, latency.inter_token_latency)
         self._rng = rng if rng is not None else random.Random()
         self._wakeup: Callable[[], None] | None = None
-        # Waiting jobs in FIFO order; cancelled ones stay until they reach the front
-        # (or the next compaction), so cancelling is O(1) even with a long queue.
-        self._waiting: deque[Job] = deque()
-        self._waiting_count = 0
-        self._loras = LoraSlots(options.max_loras)  # vLLM's max_loras rule (llmsim/engine/lora.py)
-        # (submitted, finished + cancelled) when no waiting job could be admitted (every one's
-        # adapter skipped, or the head's KV blocks do not fit): nothing changes until one of them does.
-        self._blocked: tuple[int, int] | None = None
-        self._running = 0
         self._decoding = 0
-        # The schedule (see the module docstring).
-        self._ready: list[Job] = []
-        self._ready_time = math.inf  # earliest deadline in the ready list
-        self._buckets: dict[float, list[Job]] = {}
-        self._times: list[float] = []  # heap of the keys of _buckets
-        # While a step runs: its ``now``.  Whatever becomes due by then waits in the
-        # ready list for the next step, so that no job is handled twice in one step.
-        self._horizon = -math.inf
         self._quantum_target = 0.0
-        self._grid = 0.0
-        self._inverse_grid = 0.0
         self._fixed_itl: float | None = None
         self._configure()
-        # Sleep mode (see llmsim/engine/pause.py).
-        self._pause_state = PauseState.UNPAUSED
-        self._paused_at = 0.0  # when PAUSED_ALL began
-        # The jobs holding a slot, in admission order: a paused job, or one in chunked
-        # prefill, has no entry in the schedule, and abort_all must find it.
-        self._admitted: dict[Job, None] = {}
         self._callback_job: Job | None = None
         self._callback_resumed = False
-        self._submitted = 0
-        self._finished = 0
-        self._cancelled = 0
-        self._rejected = 0
         self._generated_tokens = 0
         self._prompt_tokens = 0
         self._steps = 0
@@ -142,16 +107,6 @@ class Engine:
         self._max_lateness = 0.0
 
     # --- configuration -----------------------------------------------------------------
-
-    @property
-    def options(self) -> EngineOptions:
-        """Slots, queue length and step budget, as last configured."""
-        return self._options
-
-    @property
-    def step_quantum(self) -> float:
-        """The grid interval steps are put on (seconds); 0 when every deadline is its own step."""
-        return self._grid
 
     def reconfigure(self, options: EngineOptions, latency: LatencyOptions) -> None:
         """Use these options for every decision from now on.
@@ -161,8 +116,7 @@ class Engine:
         grid, which divides the inter-token latency).  Extra slots fill at the next
         step or submit.
         """
-        self._options = options
-        self._loras.max_loras, self._blocked = options.max_loras, None
+        self._set_options(options)
         self._latency = LatencyModel.from_options(latency, options.max_num_seqs)
         self._prefill.reconfigure(options.batched_token_budget, latency.inter_token_latency)
         self._configure()
@@ -182,8 +136,7 @@ class Engine:
 
     def _configure(self) -> None:
         latency = self._latency.options
-        self._grid = step_grid(latency.inter_token_latency, self._quantum_target)
-        self._inverse_grid = 1.0 / self._grid if self._grid else 0.0
+        self._set_grid(step_grid(latency.inter_token_latency, self._quantum_target))
         # The per-token path skips the latency model when every ITL is the same.
         constant_factor = latency.time_factor_under_load == 1.0 or self._options.max_num_seqs <= 1
         if constant_factor and (latency.inter_token_latency_std_dev <= 0.0 or latency.inter_token_latency <= 0.0):
@@ -192,22 +145,6 @@ class Engine:
             self._fixed_itl = None
 
     # --- the caller's side -------------------------------------------------------------
-
-    def check_admission(self, count: int) -> None:
-        """Refuse a request of ``count`` jobs up front if it would take the jobs in
-        flight (running plus waiting) beyond ``max_num_queued_reqs`` (vLLM's
-        ``AsyncLLM.check_admission``, ``vllm/v1/engine/async_llm.py:325-369``: a request
-        with ``n`` choices counts ``n``).  Without that cap it accepts everything.
-        The caller checks before it submits, so that the refusal comes before any job
-        is queued (and before a stream's first byte); :meth:`submit` does not check it.
-
-        Raises:
-            QueueFullError: with ``QueueLimit.QUEUED_REQUESTS``; nothing changed.
-        """
-        cap = self._options.max_num_queued_reqs
-        if cap is not None and self._running + self._waiting_count + count > cap:
-            self.metrics.admission_rejected("max_num_queued_reqs")
-            raise QueueFullError(QueueLimit.QUEUED_REQUESTS)
 
     def submit(self, job: Job, now: float) -> None:
         """Admit ``job`` if a slot is free and nobody waits, else queue it (FIFO).
@@ -224,21 +161,9 @@ class Engine:
         job.arrival_time = now
         self._submitted += 1
         if self._kv is not None:
-            job.kv_prompt = self._kv.prompt(job.prompt_token_ids, lora_name=job.lora)
-        free = self._waiting_count == 0 and self._running < self._options.max_num_seqs
-        free = free and (job.lora is None or self._loras.fits(job.lora))
-        if free and self._pause_state is PauseState.UNPAUSED and self._allocate(job):
-            self._admit(job, now)
-        elif self._waiting_count >= self._options.max_waiting_queue_length:
-            job.state = JobState.REJECTED
-            job.finish_time = now
-            self._rejected += 1
-            raise QueueFullError(QueueLimit.WAITING_QUEUE_LENGTH)
-        else:
-            job.state = JobState.WAITING
-            self._waiting.append(job)
-            self._waiting_count += 1
-            self._fill_slots(now)
+            job.kv_prompt = self._kv.prompt(job.prompt_token_ids, lora_name=job.lora, multimodal=job.kv_multimodal)
+        if not self._admit_now(job, now):  # else admitted, or ended by its cache-hit threshold
+            self._enqueue(job, now)
         self._wake_if_earlier(before)
 
     def cancel(self, job: Job, now: float) -> None:
@@ -265,7 +190,9 @@ class Engine:
         before = self.next_deadline()
         if previous is JobState.PREFILL:
             self._prefill.discard(job)
-        self._release(job, decoding=previous is JobState.DECODING)
+        self._release(job)
+        if previous is JobState.DECODING:
+            self._decoding -= 1
         self._fill_slots(now)
         self._wake_if_earlier(before)
 
@@ -287,20 +214,20 @@ class Engine:
     def next_deadline(self) -> float:
         """Absolute time of the next step (the next due deadline, or with a step
         quantum the grid time it rounds up to); ``math.inf`` when nothing is due
-        (or while paused with :attr:`PauseState.PAUSED_ALL`)."""
+        (or while paused with :attr:`PauseState.PAUSED_ALL`, but for jobs ended at admission)."""
         if self._pause_state is PauseState.PAUSED_ALL:
-            return math.inf
-        first = math.inf
+            return self._ended_time  # jobs ended just before the freeze still get their answer
+        first = self._ended_time
         if self._ready:
-            if _live(self._ready, _READY):
-                first = self._ready_time
+            if is_live(self._ready, READY):
+                first = min(first, self._ready_time)
             else:
                 self._ready_time = math.inf
         times = self._times
         buckets = self._buckets
-        while times:
+        while times:  # inlined: the driver asks once per step
             time = times[0]
-            if _live(buckets[time], time):
+            if is_live(buckets[time], time):
                 if time < first:
                     first = time
                 break
@@ -310,14 +237,14 @@ class Engine:
         return period_end if period_end < first else first
 
     def step(self, now: float) -> None:
-        """Do everything due at or before ``now``, calling the jobs' sinks (nothing
-        while paused with :attr:`PauseState.PAUSED_ALL`)."""
+        """Do everything due at or before ``now``, calling the jobs' sinks (while paused
+        with :attr:`PauseState.PAUSED_ALL`, only the answers of jobs ended at admission)."""
+        earliest = self._deliver_ended(now)
         if self._pause_state is PauseState.PAUSED_ALL:
             return
         generated_before = self._generated_tokens
-        earliest = math.inf
         if self._prefill.next_period_end <= now:
-            earliest = self._prefill.next_period_end
+            earliest = min(earliest, self._prefill.next_period_end)
             for job, prefilled_at in self._prefill.run_due(now, self._decoding):
                 self._schedule(job, max(job.deadline, prefilled_at), now)
         self._horizon = now
@@ -328,7 +255,7 @@ class Engine:
                     earliest = ready_time
                 self._ready = []
                 self._ready_time = math.inf
-                self._run(ready, _READY, now, ready_time)
+                self._run(ready, READY, now, ready_time)
             times = self._times
             buckets = self._buckets
             while times and times[0] <= now:
@@ -345,10 +272,6 @@ class Engine:
 
     # --- sleep mode (llmsim/engine/pause.py) -------------------------------------------------
 
-    @property
-    def pause_state(self) -> PauseState:
-        return self._pause_state
-
     def set_pause_state(self, state: PauseState, now: float) -> None:
         """vLLM's ``Scheduler.set_pause_state``: while paused, waiting jobs are not
         admitted; PAUSED_ALL also stops every step, and leaving it shifts the
@@ -359,7 +282,7 @@ class Engine:
         elif previous is PauseState.PAUSED_ALL and state is not previous:
             self._prefill.next_period_end += now - self._paused_at
             scheduled = shift_deadlines(list(self._admitted), now - self._paused_at)
-            self._ready, self._ready_time, self._buckets, self._times = [], math.inf, {}, []
+            self._clear_timetable()
             for job in scheduled:
                 self._schedule(job, job.deadline, now)
         if state is PauseState.UNPAUSED:
@@ -378,24 +301,15 @@ class Engine:
             if job.state is _PREFILL:
                 self._prefill.discard(job)
             if job.state is not JobState.WAITING:
-                self._release(job, decoding=job.state is _DECODING)
+                self._release(job)
+                if job.state is _DECODING:
+                    self._decoding -= 1
             end(job, reason, now)
             self._finished += 1
             self.metrics.aborted(job, now)
         for job in jobs:
             job.sink.on_output(job, job.emitted, job.emitted, now)
         return len(jobs)
-
-    def clear_kv_cache(self) -> None:
-        """Forget every cached block (sleep at level >= 1: ``vllm/v1/engine/core.py:1007``);
-        running jobs keep the blocks they hold."""
-        if self._kv is not None:
-            self._kv.clear()
-
-    @property
-    def kv_cache_usage(self) -> float:
-        """The fraction of KV blocks held by jobs (0 without a KV cache)."""
-        return 0.0 if self._kv is None else self._kv.usage
 
     def statistics(self) -> EngineStatistics:
         return EngineStatistics(
@@ -412,63 +326,11 @@ class Engine:
             max_lateness=self._max_lateness,
         )
 
-    def lora_state(self) -> LoraState:
-        """The adapters of the waiting and running jobs, and the jobs waiting for one."""
-        return lora_state(self._admitted, self._waiting, self._loras)
+    # --- pacing ----------------------------------------------------------------------------
 
-    # --- admission -----------------------------------------------------------------------
-
-    def _fill_slots(self, now: float) -> None:
-        """Admit waiting jobs, oldest first, while slots are free; one whose LoRA adapter does not
-        fit keeps its place (vllm/v1/core/sched/scheduler.py:1091-1101), the rest may pass it; one
-        whose KV blocks do not fit stops admission until blocks are freed."""
-        if self._pause_state is not PauseState.UNPAUSED or not self._waiting_count:
-            return  # paused: waiting jobs stay queued
-        if self._blocked is not None and self._blocked == (self._submitted, self._finished + self._cancelled):
-            return  # nothing could be admitted, and no job has come or gone since
-        waiting = self._waiting
-        skipped: list[Job] = []
-        kv_blocked = False
-        while self._waiting_count > len(skipped) and self._running < self._options.max_num_seqs:
-            job = waiting.popleft()
-            if job.state is JobState.WAITING and job.lora is not None and not self._loras.fits(job.lora):
-                skipped.append(job)
-            elif job.state is JobState.WAITING:
-                if not self._allocate(job):  # FCFS: nothing passes it (sched/scheduler.py:1454-1461)
-                    waiting.appendleft(job)
-                    kv_blocked = True
-                    break
-                self._waiting_count -= 1
-                self._admit(job, max(now, job.arrival_time))
-        if skipped:
-            waiting.extendleft(reversed(skipped))
-        all_skipped = skipped and self._waiting_count == len(skipped)
-        blocked = all_skipped or kv_blocked
-        self._blocked = (self._submitted, self._finished + self._cancelled) if blocked else None
-
-    def _allocate(self, job: Job) -> bool:
-        """Reserve ``job``'s KV blocks (prompt and planned output) and take its prefix hit
-        as ``job.cached_tokens``; False, changing nothing, when the pool cannot hold them
-        yet.  A job larger than the whole pool runs without blocks rather than wait forever."""
-        kv, prompt = self._kv, job.kv_prompt
-        if kv is None or prompt is None or not kv.fits_at_all(prompt, len(job.output)):
-            return True
-        if not kv.allocate(job, prompt, extra_tokens=len(job.output)):
-            return False
-        job.cached_tokens = kv.cached_tokens(job)
-        return True
-
-    def _admit(self, job: Job, now: float) -> None:
-        self._running += 1
-        self._admitted[job] = None
-        job.state = JobState.PREFILL
-        job.admitted_time = now
-        self._loras.add(job)
-        self.metrics.admitted(job)
-        if job.remote_prefill:
-            job.prefilled_tokens = job.prompt_tokens
-        else:
-            job.prefilled_tokens = min(max(job.cached_tokens, 0), job.prompt_tokens)
+    def _first_token_due(self, job: Job, now: float) -> None:
+        """``job`` was admitted at ``now``: its first token is due after its TTFT (with the
+        load factor now), once chunked prefill has worked through its uncached prompt."""
         ttft = self._latency.time_to_first_token(
             self._rng,
             prompt_tokens=job.prompt_tokens,
@@ -482,65 +344,19 @@ class Engine:
         else:
             self._schedule(job, job.deadline, now)
 
-    def _release(self, job: Job, *, decoding: bool) -> None:
-        del self._admitted[job]
-        if self._kv is not None:
-            self._kv.free(job)
-        self._running -= 1
-        if decoding:
-            self._decoding -= 1
-
-    def _compact_waiting(self) -> None:
-        """Drop cancelled jobs from the queue once they outnumber the live ones."""
-        if len(self._waiting) > 2 * self._waiting_count + 64:
-            self._waiting = deque(job for job in self._waiting if job.state is JobState.WAITING)
-
-    # --- pacing ----------------------------------------------------------------------------
-
-    def _schedule(self, job: Job, deadline: float, now: float) -> None:
-        """Make ``deadline`` the job's next due time and give it its one live entry.
-        (The per-token path in :meth:`_run` does the same, inlined.)"""
-        job.deadline = deadline
-        horizon = self._horizon if self._horizon > now else now
-        if deadline <= horizon:
-            time = _READY
-        elif self._grid:
-            time = math.ceil(deadline * self._inverse_grid - GRID_TOLERANCE) * self._grid
-            if time <= horizon:
-                time = _READY
-        else:
-            time = deadline
-        if job.slot == time:
-            if time == _READY and deadline < self._ready_time:
-                self._ready_time = deadline
-            return  # its entry is there already (a resume before the step came)
-        job.slot = time
-        if time == _READY:
-            self._ready.append(job)
-            if deadline < self._ready_time:
-                self._ready_time = deadline
-            return
-        bucket = self._buckets.get(time)
-        if bucket is None:
-            self._buckets[time] = [job]
-            heapq.heappush(self._times, time)
-        else:
-            bucket.append(job)
-
     def _run(self, jobs: list[Job], time: float, now: float, due: float) -> None:
         """Advance every live job of one bucket (or of the ready list, due since
         ``due``): hand each one every token due by ``now`` (up to the per-step cap),
         give it its next entry, and call its sink.
 
         This is the per-token path, hence one loop with everything inlined (what
-        :meth:`_schedule` does, among others) and the engine's fields in locals.
+        :meth:`Timetable._schedule` does, among others) and the engine's fields in locals.
         """
         grid = self._grid
         inverse_grid = self._inverse_grid
         fixed_itl = self._fixed_itl
         buckets = self._buckets
-        metrics = self.metrics
-        itl_histogram = metrics.inter_token_latency
+        itl_histogram = self.metrics.inter_token_latency
         itl_bounds, itl_counts = itl_histogram.bounds, itl_histogram.counts
         itl_sum = 0.0
         done = 0
@@ -585,18 +401,7 @@ class Engine:
                 job.emitted = stop
                 generated += count
                 if stop == total:
-                    job.state = _FINISHED
-                    job.finish_time = now
-                    job.slot = None
-                    self._finished += 1
-                    self._running -= 1
-                    self._decoding -= 1
-                    del self._admitted[job]
-                    if self._kv is not None:
-                        self._kv.free(job)
-                    metrics.finished(job, now)
-                    if self._waiting_count:
-                        self._fill_slots(deadline)
+                    self._finish(job, now, deadline)
                 else:
                     # The next entry.  ``now`` is this step's: whatever is due by then
                     # waits in the ready list for the next step.
@@ -605,13 +410,13 @@ class Engine:
                         if grid:
                             slot = math.ceil(deadline * inverse_grid - GRID_TOLERANCE) * grid
                             if slot <= now:  # a hair below this step's grid time
-                                slot = _READY
+                                slot = READY
                         else:
                             slot = deadline
                     else:
-                        slot = _READY
+                        slot = READY
                     job.slot = slot
-                    if slot == _READY:
+                    if slot == READY:
                         self._ready.append(job)
                         if deadline < self._ready_time:
                             self._ready_time = deadline
@@ -631,19 +436,24 @@ class Engine:
                 if not keep_going and not self._callback_resumed and job.state is _DECODING:
                     job.paused = True
         except BaseException:
-            # A sink raised: the rest of this bucket is still due.
-            rest = jobs[done:]
-            if rest:
-                if time == _READY:
-                    self._ready[:0] = rest
-                    self._ready_time = min(self._ready_time, due)
-                else:
-                    buckets[time] = rest
-                    heapq.heappush(self._times, time)
+            self._put_back(jobs[done:], time, due)  # a sink raised: the rest is still due
             raise
         finally:
             self._generated_tokens += generated
             itl_histogram.sum += itl_sum
+
+    def _finish(self, job: Job, now: float, deadline: float) -> None:
+        """``job`` emitted its last token at ``now`` (the last one was due at ``deadline``):
+        free its slot and admit whoever waits, as of that deadline."""
+        job.state = _FINISHED
+        job.finish_time = now
+        job.slot = None
+        self._finished += 1
+        self._decoding -= 1
+        self._release(job)
+        self.metrics.finished(job, now)
+        if self._waiting_count:
+            self._fill_slots(deadline)
 
     def _due_tokens(self, deadline: float, now: float, remaining: int) -> tuple[int, float]:
         """The catch-up loop of :meth:`_run` with jittered or load-scaled ITLs."""
@@ -680,18 +490,3 @@ class Engine:
             self._late_steps += 1
         if lateness > self._max_lateness:
             self._max_lateness = lateness
-
-
-def _live(jobs: list[Job], time: float) -> bool:
-    """True if ``jobs`` (the bucket for ``time``) holds a live entry; drops the stale
-    entries in front of the first live one (a paused job's entry is consumed as a step
-    would: :meth:`Engine.resume` gives it a new one)."""
-    for index, job in enumerate(jobs):
-        if job.slot == time:
-            if not job.paused:
-                if index:
-                    del jobs[:index]
-                return True
-            job.slot = None
-    jobs.clear()
-    return False

@@ -1,7 +1,8 @@
 """The option groups: what each part of llmsim can be told, with its checks and its docs.
 
 Every setting is a field of one frozen group (:class:`ModelOptions`, :class:`EngineOptions`,
-:class:`LatencyOptions`, :class:`ToolCallOptions`, :class:`ServerOptions`).  Its flag help,
+:class:`LatencyOptions`, :class:`ToolCallOptions`, :class:`ServerOptions`,
+:class:`ControlOptions`, :class:`LimitOptions`, :class:`KvEventsOptions`).  Its flag help,
 metavar, help default, whether it is a duration and whether llm-d-inference-sim has the
 same key travel with the field as :class:`OptionDoc` metadata (see :func:`option`), so
 that ``--help``, the docs' flag table and the loaders are all built from this one place.
@@ -14,6 +15,7 @@ Durations are seconds (floats).  Values are typed here; the lenient reading of t
 
 from __future__ import annotations
 
+from llmsim.options.control import ControlOptions
 from llmsim.options.fields import (
     DEFAULT_MODEL,
     FAILURE_TYPES,
@@ -27,13 +29,14 @@ from llmsim.options.fields import (
 )
 from llmsim.options.groups import (
     MAX_STD_DEV_FRACTION,
-    ControlOptions,
     EngineOptions,
     LatencyOptions,
     ModelOptions,
-    ServerOptions,
     ToolCallOptions,
 )
+from llmsim.options.kv_events import KvEventsOptions
+from llmsim.options.limits import LimitOptions
+from llmsim.options.server import ServerOptions
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -44,7 +47,9 @@ __all__ = [
     "ControlOptions",
     "EngineOptions",
     "JsonObjectText",
+    "KvEventsOptions",
     "LatencyOptions",
+    "LimitOptions",
     "ModelOptions",
     "OptionDoc",
     "ServerOptions",

@@ -1,4 +1,6 @@
-"""The six option groups: one frozen attrs class per part of llmsim (see :mod:`llmsim.options`)."""
+"""The model, engine, latency and tool-call option groups: one frozen attrs class per part of
+llmsim (see :mod:`llmsim.options`; the server's group is in :mod:`.server`, the operator's in
+:mod:`.control`)."""
 
 from __future__ import annotations
 
@@ -10,20 +12,14 @@ from llmsim.latency_profiles import PROFILE_NAMES
 from llmsim.lora_modules import LoraModule, parse_lora_module
 from llmsim.options.fields import (
     DEFAULT_MODEL,
-    FAILURE_TYPES,
-    LOG_LEVELS,
     ConfigError,
-    JsonObjectText,
     check_at_least_minus_one,
     check_at_least_one,
     check_block_size,
-    check_failure_types,
     check_latency_profile,
-    check_log_level,
     check_non_negative,
     check_non_negative_or_unset,
     check_percent,
-    check_port,
     check_positive,
     check_positive_or_unset,
     check_ranges,
@@ -32,11 +28,9 @@ from llmsim.options.fields import (
 
 __all__ = [
     "MAX_STD_DEV_FRACTION",
-    "ControlOptions",
     "EngineOptions",
     "LatencyOptions",
     "ModelOptions",
-    "ServerOptions",
     "ToolCallOptions",
 ]
 
@@ -241,8 +235,22 @@ class EngineOptions:
         shown_default="PYTHONHASHSEED, else empty",
         help="seed of the KV block hashes (routers must use the same one)",
     )
+    mm_encoder_only: bool = option(
+        False,
+        help="P/E disaggregation's encoder pod: every answer is '!' x max_tokens (finish length) and chat and "
+        "generate answers carry ec_transfer_params for their multimodal items",
+    )
+    global_cache_hit_threshold: float = option(
+        0.0,
+        metavar="RATE",
+        validator=check_non_negative,
+        help="with --enable-kvcache: requests whose prefix hit rate is below it (0..1) end at once, "
+        "finish_reason cache_threshold; a request's cache_hit_threshold wins",
+    )
 
     def __attrs_post_init__(self) -> None:
+        if self.global_cache_hit_threshold > 1.0:  # llm-d-inference-sim config.go:647-649
+            raise ConfigError("global-cache-hit-threshold", f"must be in [0, 1], got {self.global_cache_hit_threshold}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
             raise ConfigError(
                 "max-num-batched-tokens",
@@ -389,115 +397,3 @@ class ToolCallOptions:
                 ("min_tool_call_array_param_length", "max_tool_call_array_param_length"),
             ),
         )
-
-
-@attrs.frozen(kw_only=True)
-class ServerOptions:
-    """Where and how the server listens, its protocol limits and its shutdown."""
-
-    host: str = option("127.0.0.1", metavar="HOST", llmd=False, help="address to listen on")
-    port: int = option(8000, metavar="PORT", validator=check_port, help="TCP port; 0 picks a free one")
-    backend: str = option(
-        "native",
-        key="server",
-        choices=("native", "hypercorn"),
-        llmd=False,
-        help="native: llmsim's own HTTP/1.1 and HTTP/2 handlers; hypercorn: the ASGI app under hypercorn",
-    )
-    ssl_certfile: str | None = option(
-        None, metavar="PATH", shown_default="unset", help="TLS certificate chain (PEM), with --ssl-keyfile"
-    )
-    ssl_keyfile: str | None = option(
-        None, metavar="PATH", shown_default="unset", help="TLS private key (PEM), with --ssl-certfile"
-    )
-    self_signed_certs: bool = option(False, help="serve TLS with a freshly generated self-signed certificate")
-    max_request_body_size_mb: float = option(
-        4.0, metavar="MiB", validator=check_positive, help="largest request body accepted, in MiB; larger ones get 413"
-    )
-    max_concurrent_streams: int = option(
-        1000,
-        metavar="N",
-        llmd=False,
-        validator=check_positive,
-        help="HTTP/2 streams per connection; more are refused with REFUSED_STREAM",
-    )
-    header_read_timeout: float = option(
-        10.0, duration=True, llmd=False, validator=check_positive, help="time a client has to send a request's headers"
-    )
-    keep_alive_timeout: float = option(
-        75.0, duration=True, llmd=False, validator=check_positive, help="idle time after which a connection is closed"
-    )
-    shutdown_grace_period: float = option(
-        5.0, duration=True, llmd=False, help="on SIGINT/SIGTERM, time in-flight streams get to finish"
-    )
-    startup_duration: float = option(
-        0.0, duration=True, help="GET /health/ready answers 503 for this long after start-up"
-    )
-
-    def __attrs_post_init__(self) -> None:
-        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
-            raise ConfigError("ssl-certfile", "ssl-certfile and ssl-keyfile must be given together")
-        if self.self_signed_certs and self.ssl_certfile is not None:
-            raise ConfigError("self-signed-certs", "cannot be combined with ssl-certfile/ssl-keyfile")
-
-    @property
-    def tls_enabled(self) -> bool:
-        return self.self_signed_certs or self.ssl_certfile is not None
-
-    @property
-    def max_request_body_bytes(self) -> int:
-        return int(self.max_request_body_size_mb * 1024 * 1024)
-
-
-@attrs.frozen(kw_only=True)
-class ControlOptions:
-    """What operators and test harnesses steer: fake metrics, injected failures, sleep
-    mode, the API key and the logs.  The first three can be changed while the server
-    runs (``POST /admin/config``)."""
-
-    failure_injection_rate: int = option(
-        0,
-        metavar="PERCENT",
-        validator=check_percent,
-        help="share of generation requests answered with an injected error",
-    )
-    failure_types: tuple[str, ...] = option(
-        (),
-        metavar="TYPE",
-        shown_default="all of them",
-        validator=check_failure_types,
-        help="injected errors to pick from: " + ", ".join(FAILURE_TYPES),
-    )
-    fake_metrics: JsonObjectText | None = option(  # noqa: RUF009 (a str: immutable, but a NewType ruff cannot see into)
-        None,
-        metavar="JSON",
-        shown_default="unset: /metrics reports the engine",
-        help="fixed or time-varying values /metrics reports instead of the engine's (llm-d-inference-sim's keys)",
-    )
-    fake_metrics_refresh_interval: float = option(
-        0.1, duration=True, validator=check_positive, help="how often time-varying fake metrics are recomputed"
-    )
-    custom_histogram_buckets: JsonObjectText | None = option(  # noqa: RUF009 (as fake_metrics)
-        None,
-        metavar="JSON",
-        shown_default="vLLM's buckets",
-        llmd=False,
-        help="vLLM's: {family: [bounds]} replacing a histogram family's buckets on /metrics",
-    )
-    enable_sleep_mode: bool = option(False, help="serve POST /sleep, POST /wake_up and GET /is_sleeping")
-    api_key: tuple[str, ...] = option(
-        (),
-        metavar="KEY",
-        shown_default="unset, or VLLM_API_KEY",
-        llmd=False,
-        help="require Authorization: Bearer KEY on /v1/* (any of the keys given)",
-    )
-    disable_log_stats: bool = option(False, llmd=False, help="no periodic engine stats line in the log")
-    enable_log_requests: bool = option(False, llmd=False, help="log a line as each request arrives and as it ends")
-    log_level: str = option(
-        "info",
-        metavar="{" + ",".join(LOG_LEVELS) + "}",
-        llmd=False,
-        validator=check_log_level,
-        help="the log's threshold",
-    )

@@ -71,6 +71,7 @@ class BufferedResponse(ResponseStateFlags):
     state: ResponseState = attrs.field(default=ResponseState.IDLE, init=False)
     status: int = attrs.field(default=0, init=False)
     headers: tuple[tuple[bytes, bytes], ...] = attrs.field(default=(), init=False)
+    trailers: tuple[tuple[bytes, bytes], ...] = attrs.field(default=(), init=False)  # given to end()
     cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
     queued: bool = attrs.field(default=False, init=False)  # the host's bookkeeping: waiting to be sent
     # Read directly by the host on its per-token path (a property there costs a call):
@@ -103,10 +104,11 @@ class BufferedResponse(ResponseStateFlags):
                 self.host.schedule(self)
         return self.buffered < self.high_water
 
-    def end(self: _Self, data: bytes = b"") -> None:
+    def end(self: _Self, data: bytes = b"", trailers: Headers = ()) -> None:
         self.state = next_state(self.state, _END)
         if self.state is not _ENDED:
             return  # the client is gone: nothing is sent
+        self.trailers = tuple(trailers)
         if data and not self.head_only:
             self.chunks.append(data)
             self.buffered += len(data)

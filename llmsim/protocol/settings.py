@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import attrs
 
-from llmsim.options import ServerOptions
+from llmsim.options import LimitOptions, ServerOptions
+
+if TYPE_CHECKING:
+    from llmsim.protocol.native.faulty import FaultInjection
 
 __all__ = [
     "BUFFER_HIGH_WATER",
@@ -53,11 +57,33 @@ class ProtocolSettings:
     max_header_bytes: int = MAX_HEADER_BYTES
     close_linger: float = CLOSE_LINGER
     max_pipelined_bytes: int = MAX_PIPELINED_BYTES
+    body_read_timeout: float = 30.0  # from the request head to the end of its body (HTTP/1.1)
+    allow_cleartext: bool = False  # with TLS: also serve cleartext HTTP/1.1 and h2c
+    # HTTP/2 abuse limits (LimitOptions): control frames and resets a second (bursts of 10 s'
+    # worth), unread acknowledgements, and how long a response may wait for a silent reader.
+    h2_control_frame_rate: int = 100
+    h2_reset_rate: int = 100
+    h2_max_queued_control_frames: int = 1000
+    write_stall_timeout: float = 30.0
     ssl_context: ssl.SSLContext | None = attrs.field(default=None, eq=False)
+    # Fault injection (--fault, and the count of injected faults): native server only.
+    faults: FaultInjection | None = attrs.field(default=None, eq=False)
 
     @classmethod
-    def from_options(cls, options: ServerOptions, ssl_context: ssl.SSLContext | None = None) -> ProtocolSettings:
+    def from_options(
+        cls,
+        options: ServerOptions,
+        ssl_context: ssl.SSLContext | None = None,
+        limits: LimitOptions | None = None,
+    ) -> ProtocolSettings:
+        limits = limits or LimitOptions()
         return cls(
+            body_read_timeout=limits.body_read_timeout,
+            allow_cleartext=limits.allow_cleartext,
+            h2_control_frame_rate=limits.h2_control_frame_rate,
+            h2_reset_rate=limits.h2_reset_rate,
+            h2_max_queued_control_frames=limits.h2_max_queued_control_frames,
+            write_stall_timeout=limits.write_stall_timeout,
             header_read_timeout=options.header_read_timeout,
             keep_alive_timeout=options.keep_alive_timeout,
             max_body_bytes=options.max_request_body_bytes,

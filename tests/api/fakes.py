@@ -73,6 +73,7 @@ class FakeResponse(ResponseStateFlags):
         self.state = ResponseState.IDLE
         self.status: int | None = None
         self.headers: dict[bytes, bytes] = {}
+        self.trailers: dict[bytes, bytes] = {}  # given to end()
         self.writes: list[tuple[float, bytes]] = []  # (clock(), bytes), end() included
         self.reading = reading
         self.high_water = high_water
@@ -108,9 +109,10 @@ class FakeResponse(ResponseStateFlags):
             self._append(data)
         return self.unread < self.high_water
 
-    def end(self, data: bytes = b"") -> None:
+    def end(self, data: bytes = b"", trailers: Headers = ()) -> None:
         self.state = next_state(self.state, ResponseEvent.END)
         if self.state is ResponseState.ENDED:
+            self.trailers = dict(trailers)
             self._append(data)
             self._complete_if_read()
 

@@ -4,9 +4,11 @@ Each example takes a valid body, replaces, deletes or adds values at places chos
 through its tree (wrong types, huge and negative numbers, nested garbage, names of
 other fields), posts it to the in-process app and asserts: no 5xx, no traceback or
 "Internal server error" in the body (streams report errors in-band), and the
-simulator still answers the untouched body.  The ``quick`` Hypothesis profile keeps it
-to a few seconds for ``make test``; ``HYPOTHESIS_PROFILE=thorough`` tries 500 examples
-per endpoint.  A fuzzer found ``source.type`` given as a list or object in
+simulator still answers the untouched body.  Every endpoint that reads a body is here
+(``test_every_endpoint_with_a_body_is_fuzzed`` checks the router for new ones).  The
+``quick`` Hypothesis profile keeps it to a few seconds for ``make test``;
+``HYPOTHESIS_PROFILE=thorough`` tries 500 examples per endpoint, and
+``LLMSIM_FUZZ_EXAMPLES=N`` any number.  A fuzzer found ``source.type`` given as a list or object in
 ``/v1/messages`` (``TypeError: unhashable``); the regression test is below.
 """
 
@@ -14,12 +16,14 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
+from llmsim.app import build_router
 from tests.api.fakes import FakeResponse, post, running
 
 HI = [{"role": "user", "content": "Hello there"}]
@@ -27,6 +31,8 @@ MODEL = "llmsim/sim-model"
 IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "aGk="}}
 SCHEMA = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
 TOOL = {"type": "function", "function": {"name": "f", "parameters": SCHEMA}}
+TOOL_ANTHROPIC = {"name": "f", "input_schema": SCHEMA}
+LORA = "fuzz-lora"
 
 #: path -> a valid body, rich enough that mutations reach the fields' checks.
 VALID: dict[str, dict[str, Any]] = {
@@ -60,7 +66,22 @@ VALID: dict[str, dict[str, Any]] = {
     "/v1/chat/completions/render": {"messages": HI},
     "/inference/v1/generate": {"token_ids": [11, 12, 13], "sampling_params": {"max_tokens": 3, "n": 2}},
     "/admin/config": {"time-to-first-token": "0s", "failure-injection-rate": 0},
+    "/v1/messages/count_tokens": {"model": MODEL, "system": "Be brief.", "messages": HI, "tools": [TOOL_ANTHROPIC]},
+    "/detokenize": {"tokens": [11, 12, 13]},
+    "/v1/completions/render": {"prompt": "Hello there", "max_tokens": 3},
+    "/v1/responses/render": {"input": "Hello there", "instructions": "Be brief."},
+    "/v1/messages/render": {"model": MODEL, "max_tokens": 3, "messages": HI},
+    "/v1/load_lora_adapter": {"lora_name": LORA, "lora_path": "/tmp/fuzz-lora", "load_inplace": True},
+    "/v1/unload_lora_adapter": {"lora_name": LORA},
 }
+#: path -> a request that puts the simulator in the state its valid body needs.
+SETUP: dict[str, tuple[str, dict[str, Any]]] = {
+    "/v1/unload_lora_adapter": ("/v1/load_lora_adapter", VALID["/v1/load_lora_adapter"]),
+}
+#: Endpoints that take no body (or only a query string): nothing to fuzz.
+BODILESS = {"/ping", "/sleep", "/wake_up", "/v1/responses/{response_id}/cancel"}
+#: ``LLMSIM_FUZZ_EXAMPLES=N``: N examples per endpoint instead of the profile's number.
+EXAMPLES = {"max_examples": int(os.environ["LLMSIM_FUZZ_EXAMPLES"])} if "LLMSIM_FUZZ_EXAMPLES" in os.environ else {}
 
 #: Names a mutation adds: fields of the endpoints above, so they reach real checks.
 FIELDS = sorted(
@@ -131,6 +152,12 @@ def mutate(body: object, mutations: list[tuple[Location, str, str, object]]) -> 
     return out
 
 
+async def set_up(sim: Any, path: str) -> None:
+    if path in SETUP:
+        setup_path, body = SETUP[path]
+        assert (await post(sim, setup_path, body)).status == 200
+
+
 def assert_handled(response: FakeResponse, body: object) -> None:
     assert response.status < 500, (body, response.body[:300])
     for leak in (b"Traceback", b"Internal server error", b'"code":500'):
@@ -139,7 +166,7 @@ def assert_handled(response: FakeResponse, body: object) -> None:
 
 @pytest.mark.parametrize("path", sorted(VALID))
 @seed(17)
-@settings(suppress_health_check=[HealthCheck.too_slow])
+@settings(suppress_health_check=[HealthCheck.too_slow], **EXAMPLES)
 @given(data=st.data(), streaming=st.booleans())
 async def test_mutated_bodies_are_never_a_5xx(path: str, data: st.DataObject, streaming: bool) -> None:
     valid = {**VALID[path], "stream": True} if streaming and path != "/admin/config" else VALID[path]
@@ -148,7 +175,9 @@ async def test_mutated_bodies_are_never_a_5xx(path: str, data: st.DataObject, st
     ]
     async with running(max_model_len=256, max_num_seqs=4, max_waiting_queue_length=8) as sim:
         for body in mutants:
+            await set_up(sim, path)
             assert_handled(await post(sim, path, json.dumps(body).encode()), body)
+        await set_up(sim, path)
         again = await post(sim, path, VALID[path])
     assert again.status == 200, again.body[:300]
 
@@ -158,6 +187,7 @@ async def test_the_bodies_mutated_are_valid(path: str) -> None:
     async with running() as sim:
         for streaming in (False, True):
             body = {**VALID[path], "stream": True} if streaming and path != "/admin/config" else VALID[path]
+            await set_up(sim, path)
             response = await post(sim, path, body)
             assert response.status == 200, response.body
 
@@ -180,3 +210,10 @@ async def test_a_messages_source_type_that_is_a_list_or_object_is_a_400(kind: st
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error"
     assert error["message"] == "messages.0.content.0.source.type: Input should be 'base64' or 'url'"
+
+
+def test_every_endpoint_with_a_body_is_fuzzed() -> None:
+    router = build_router()
+    table = [*router._exact.values(), *router._patterns]  # (the router has no public listing)
+    posted = {"/".join(route.segments) for route in table if "POST" in route.handlers}
+    assert posted - BODILESS == set(VALID), "an endpoint takes a body: give VALID a valid one, or BODILESS its path"

@@ -157,6 +157,20 @@ async def open_memory_connection(
         nursery.cancel_scope.cancel()
 
 
+def split_frames(data: bytes) -> tuple[list[tuple[Frame, int]], bytes]:
+    """The whole HTTP/2 frames at the start of ``data``, parsed, each with its payload
+    length, and the bytes of an incomplete frame after them."""
+    frames, view = [], memoryview(data)
+    while len(view) >= 9:
+        frame, length = Frame.parse_frame_header(view[:9])
+        if len(view) < 9 + length:
+            break
+        frame.parse_body(view[9 : 9 + length])
+        frames.append((frame, length))
+        view = view[9 + length :]
+    return frames, bytes(view)
+
+
 async def receive_all(stream: trio.abc.ReceiveStream) -> bytes:
     """Everything until EOF."""
     chunks = []
@@ -227,6 +241,7 @@ class StreamRecord:
     chunks: list[bytes] = attrs.field(factory=list)  # one per DATA frame
     ended: bool = False
     reset: int | None = None  # the RST_STREAM error code
+    trailers: tuple[tuple[bytes, bytes], ...] = ()
 
     @property
     def body(self) -> bytes:
@@ -314,6 +329,8 @@ class H2Client:
             record.chunks.append(event.data)
             if self.auto_ack:
                 self.conn.acknowledge_received_data(event.flow_controlled_length, sid)
+        elif isinstance(event, h2.events.TrailersReceived):
+            record.trailers = tuple(event.headers or ())
         elif isinstance(event, h2.events.StreamEnded):
             record.ended = True
         elif isinstance(event, h2.events.StreamReset):

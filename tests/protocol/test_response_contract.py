@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import attrs
@@ -73,6 +73,7 @@ class NativeH1Stream:
     body: list[bytes] = attrs.field(factory=list)
     complete: bool = False
     gone: bool = False
+    trailers: tuple[tuple[bytes, bytes], ...] = ()
 
     async def read(self) -> None:
         if not self.gone:
@@ -89,6 +90,7 @@ class NativeH1Stream:
                 self.body.append(bytes(event.data))
             elif isinstance(event, h11.EndOfMessage):
                 self.complete = True
+                self.trailers = tuple(event.headers)
             else:  # the connection closed, or a body cut short
                 await trio.sleep_forever()
 
@@ -110,7 +112,7 @@ class NativeH1Stream:
     def received(self) -> ReceivedResponse:
         status = None if self.head is None else self.head.status_code
         headers = () if self.head is None else tuple(self.head.headers)
-        return ReceivedResponse(status, headers, b"".join(self.body), self.complete)
+        return ReceivedResponse(status, headers, b"".join(self.body), self.complete, self.trailers)
 
 
 @asynccontextmanager
@@ -168,7 +170,7 @@ class NativeH2Stream:
         record = self.client.records[self.sid]
         headers = tuple(record.headers.items()) if record.headers else ()
         status = int(record.headers[b":status"]) if record.headers else None
-        return ReceivedResponse(status, headers, record.body, record.ended)
+        return ReceivedResponse(status, headers, record.body, record.ended, record.trailers)
 
 
 @asynccontextmanager
@@ -196,6 +198,8 @@ class AsgiStream:
     headers: tuple[tuple[bytes, bytes], ...] = ()
     body: list[bytes] = attrs.field(factory=list)
     complete: bool = False
+    trailers_declared: bool = False  # http.response.start said trailers follow the body
+    trailers: tuple[tuple[bytes, bytes], ...] = ()
 
     @property
     def high_water(self) -> int:
@@ -212,6 +216,11 @@ class AsgiStream:
         async for message in self.sent:
             if message["type"] == "http.response.start":
                 self.status, self.headers = message["status"], tuple(message["headers"])
+                self.trailers_declared = message.get("trailers", False)
+            elif message["type"] == "http.response.trailers":
+                self.trailers, self.complete = tuple(message["headers"]), not message["more_trailers"]
+            elif self.trailers_declared:
+                self.body.append(message["body"])
             else:
                 self.body.append(message["body"])
                 self.complete = not message["more_body"]
@@ -225,16 +234,21 @@ class AsgiStream:
         await trio.testing.wait_all_tasks_blocked()
 
     def received(self) -> ReceivedResponse:
-        return ReceivedResponse(self.status, self.headers, b"".join(self.body), self.complete)
+        return ReceivedResponse(self.status, self.headers, b"".join(self.body), self.complete, self.trailers)
 
 
 @asynccontextmanager
-async def asgi_stream() -> AsyncIterator[StreamUnderTest]:
+async def asgi_stream(*, http2_trailers: bool = False) -> AsyncIterator[StreamUnderTest]:
+    """Under an HTTP/1.1 scope; or, with ``http2_trailers``, under an HTTP/2 one whose
+    server offers ``http.response.trailers`` and whose client sent ``te: trailers``."""
     app, responses = handing_app()
     inbox, receive = trio.open_memory_channel[dict[str, Any]](math.inf)
     send, sent = trio.open_memory_channel[dict[str, Any]](0)  # send() waits for the client
     inbox.send_nowait({"type": "http.request", "body": b"", "more_body": False})
-    scope = {"type": "http", "http_version": "1.1", "method": "GET", "scheme": "http", "path": "/", "headers": []}
+    scope: dict[str, Any] = {"type": "http", "http_version": "1.1", "method": "GET", "scheme": "http", "path": "/"}
+    scope["headers"] = []
+    if http2_trailers:
+        scope.update(http_version="2", headers=[(b"te", b"trailers")], extensions={"http.response.trailers": {}})
 
     async def serve() -> None:
         try:
@@ -253,8 +267,12 @@ async def asgi_stream() -> AsyncIterator[StreamUnderTest]:
 # --- the checks ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("open_stream", [native_h1_stream, native_h2_stream, asgi_stream])
+def asgi_h2_stream() -> AbstractAsyncContextManager[StreamUnderTest]:
+    return asgi_stream(http2_trailers=True)
+
+
+@pytest.mark.parametrize("open_stream", [native_h1_stream, native_h2_stream, asgi_stream, asgi_h2_stream])
 async def test_every_backend_keeps_the_response_stream_contract(
     open_stream: Callable[[], Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    await check_response_stream(open_stream)
+    await check_response_stream(open_stream, trailers=open_stream is not asgi_stream)

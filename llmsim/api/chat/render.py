@@ -85,6 +85,9 @@ _ECHO_CLOSE = b'"},"logprobs":null,"finish_reason":null}]'
 # A choice finished without output (an abort before its first token): the delta is a bare
 # DeltaMessage() (vllm/entrypoints/openai/chat_completion/stream_processor.py:73-75).
 _EMPTY_DELTA = b',"delta":{},"logprobs":'
+# ... and so is one ended unadmitted, below its cache-hit threshold (llm-d-inference-sim
+# sends a bare ``delta:{}`` chunk with its finish reason, pkg/communication/http.go:550-554).
+_UNSERVED = (FinishReason.ABORT, FinishReason.CACHE_THRESHOLD)
 #: Chat's usage without --enable-prompt-tokens-details (the routes pass the server's).
 CHAT_USAGE = UsageStyle(prompt_details=False, created_cache_tokens=True)
 _FINISHED = JobState.FINISHED  # a module global: enum member lookups cost on the per-token path
@@ -214,7 +217,7 @@ class ChatStreamRenderer:
             if not pieces:
                 return b""
             return self._token_opens[index] + self._token_joiners[index].join(pieces) + _TOKEN_CLOSE
-        if not job.emitted and job.finish_reason == FinishReason.ABORT:  # vLLM's bare DeltaMessage()
+        if not job.emitted and job.finish_reason in _UNSERVED:  # vLLM's bare DeltaMessage()
             return self._choice_heads[index] + _EMPTY_DELTA + b"null" + self._finish_tail(job) + self._finish_end
         body = self._token_joiners[index].join(pieces)
         return self._token_opens[index] + body + _CONTENT_CLOSE + b"null" + self._finish_tail(job) + self._finish_end
@@ -226,7 +229,7 @@ class ChatStreamRenderer:
         if finished and stop == start:  # no token left (an empty plan, an abort): only its finish chunk
             usage = b"" if self._chunk_usage is None else self._chunk_usage.render(stop)
             close = self._finish_tail(job) + usage + self._finish_end
-            if not stop and job.finish_reason == FinishReason.ABORT:  # vLLM's bare DeltaMessage()
+            if not stop and job.finish_reason in _UNSERVED:  # vLLM's bare DeltaMessage()
                 return self._choice_heads[index] + _EMPTY_DELTA + b"null" + close
             return self._token_opens[index] + _CONTENT_CLOSE + b"null" + close
         calls = None if self._calls is None else self._calls[index]
@@ -277,9 +280,13 @@ def chat_completion_body(
     usage_style: UsageStyle = CHAT_USAGE,
     forced_tool_calls: bool = False,
     stop_reasons: Sequence[str | int | None] | None = None,
+    kv_transfer_params: dict[str, object] | None = None,
+    ec_transfer_params: dict[str, object] | None = None,
 ) -> bytes:
     """The non-streaming response: vLLM's ``ChatCompletionResponse`` dumped whole
     (vllm/entrypoints/openai/chat_completion/protocol.py:113-164, api_router.py:113).
+    ``kv_transfer_params``: what a P/D prefill pod tells the decoder, ``ec_transfer_params``
+    what an encoder pod tells the next one (api/transfer.py).
 
     A choice with tool calls has ``content`` null (or just the echoed prefix) and its
     calls in ``tool_calls``, between ``function_call`` and ``reasoning``; under a named
@@ -312,8 +319,8 @@ def chat_completion_body(
             "prompt_logprobs": None,
             "prompt_token_ids": None,
             "prompt_text": None,
-            "kv_transfer_params": None,
-            "ec_transfer_params": None,
+            "kv_transfer_params": kv_transfer_params,
+            "ec_transfer_params": ec_transfer_params,
             "metrics": None,
         }
     )

@@ -1,13 +1,17 @@
-"""POST /v1/chat/completions."""
+"""POST /v1/chat/completions (with llm-d-inference-sim's P/D and cache-hit thresholds,
+:mod:`llmsim.api.transfer`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import attrs
+
 from llmsim.api.chat.render import ChatStreamRenderer, chat_completion_body
 from llmsim.api.chat.request import (
     ChatCompletionRequest,
     assistant_echo,
+    chat_turns,
     last_user_text,
     parse_chat_request,
     request_prompt_ids,
@@ -25,8 +29,17 @@ from llmsim.api.request_fields import check_sampling_params, token_id_refusal
 from llmsim.api.router import Router
 from llmsim.api.stops import stop_rule
 from llmsim.api.structured import structured_output
+from llmsim.api.transfer import (
+    KvTransfer,
+    chat_ec_transfer_params,
+    check_cache_hit_threshold,
+    forced_cache_threshold,
+    job_threshold,
+    prefill_transfer_params,
+)
 from llmsim.api.turns import TurnPlan
 from llmsim.api.usage import ChunkUsage, UsageStyle
+from llmsim.model.text import FinishReason
 from llmsim.model.tools import NamedToolChoice, ToolSpec
 
 __all__ = ["chat_completions", "register"]
@@ -34,7 +47,9 @@ __all__ = ["chat_completions", "register"]
 
 async def chat_completions(call: Call) -> None:
     ctx = call.ctx
-    request = parse_chat_request(call.json())
+    fields = call.json()
+    request = parse_chat_request(fields)
+    check_cache_hit_threshold(fields, request.cache_hit_threshold)
     check_injected_failure(call)  # X-Return-Error, --failure-injection-rate
     tools = tool_specs(request.tools)
     structured = structured_output(
@@ -43,8 +58,15 @@ async def chat_completions(call: Call) -> None:
         named_tool_choice=isinstance(request.tool_choice, NamedToolChoice),
     )
     model = ctx.resolve_model(request.model)
+    transfer = KvTransfer.of(request.kv_transfer_params)
+    transfer.check_streaming(request.streaming)
     check_job_count(ctx, request.choices_per_prompt)
     prompt_ids = request_prompt_ids(ctx.tokenizer, request)
+    from llmsim.api.render.features import kv_multimodal  # here: render imports this package (a cycle at the top)
+    from llmsim.api.render.sources import chat_media
+
+    # read once, with the render's checks (bad base64 is a 400, as when vLLM loads it)
+    media = kv_multimodal(ctx.tokenizer, chat_turns(request.messages, request.tools), chat_media(request.messages))
     max_tokens = request.requested_max_tokens
     check_context_length(
         ctx.model.max_model_len, len(prompt_ids), max_tokens, max_tokens_param=request.max_tokens_param
@@ -56,9 +78,20 @@ async def chat_completions(call: Call) -> None:
     echo_text = last_user_text(request.messages)
     calling = bool(tools) and request.effective_tool_choice != "none"
     turns = _plan_turns(ctx, request, tools if calling else [], identity.request_id, prompt_ids, echo_text, structured)
+    if transfer.remote_decode:
+        turns = [attrs.evolve(turn, finish_reason=FinishReason.REMOTE_DECODE) for turn in turns]
+    threshold = job_threshold(ctx, request.cache_hit_threshold, forced=forced_cache_threshold(call), transfer=transfer)
     plan = GenerationPlan(
         identity.request_id,
-        (PromptPlan(prompt_ids, cap),),
+        (
+            PromptPlan(
+                prompt_ids,
+                cap,
+                remote_prefill=transfer.remote_prefill,
+                cache_hit_threshold=threshold,
+                kv_multimodal=media,
+            ),
+        ),
         turns,
         request.choices_per_prompt,
     )
@@ -72,7 +105,11 @@ async def chat_completions(call: Call) -> None:
     refusal = refusal or token_id_refusal(request, ctx.tokenizer.vocab_size)
     created = int(ctx.wall_clock())
     echo = assistant_echo(request.messages) if request.echo else None
-    usage_style = UsageStyle(prompt_details=ctx.model.enable_prompt_tokens_details, created_cache_tokens=True)
+    usage_style = UsageStyle(
+        prompt_details=ctx.model.enable_prompt_tokens_details,
+        created_cache_tokens=True,
+        block_size=ctx.engine.options.block_size,
+    )
     if request.streaming:
         renderer = ChatStreamRenderer(
             response_id=identity.response_id,
@@ -91,6 +128,7 @@ async def chat_completions(call: Call) -> None:
         )
         await stream(call, plan, renderer, identity.headers, refusal=refusal)
         return
+    ec_params = chat_ec_transfer_params(ctx, request.messages)
     jobs = await collect(call, plan, refusal=refusal)
     body = chat_completion_body(
         response_id=identity.response_id,
@@ -104,6 +142,8 @@ async def chat_completions(call: Call) -> None:
         usage_style=usage_style,
         forced_tool_calls=calling and request.effective_tool_choice != "auto",
         stop_reasons=stop_reasons,
+        kv_transfer_params=prefill_transfer_params() if transfer.remote_decode else None,
+        ec_transfer_params=ec_params,
     )
     call.respond(200, body, (*JSON_HEADERS, *identity.headers))
 

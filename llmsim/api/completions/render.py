@@ -198,6 +198,7 @@ def completion_body(
     fingerprint: str | None = None,
     usage_style: UsageStyle = COMPLETION_USAGE,
     stop_reasons: Sequence[str | int | None] | None = None,
+    kv_transfer_params: dict[str, object] | None = None,
 ) -> bytes:
     """The non-streaming response: vLLM's ``CompletionResponse`` dumped whole
     (vllm/entrypoints/openai/completion/protocol.py:674-725, serving.py:704-714).
@@ -235,7 +236,7 @@ def completion_body(
             "service_tier": None,
             "system_fingerprint": fingerprint,
             "usage": Usage.of(jobs, choices_per_prompt).body_dict(usage_style),
-            "kv_transfer_params": None,
+            "kv_transfer_params": kv_transfer_params,  # a P/D prefill pod's (api/transfer.py)
             "ec_transfer_params": None,
             "metrics": None,
         }

@@ -1,6 +1,9 @@
-"""POST /v1/completions."""
+"""POST /v1/completions (with llm-d-inference-sim's P/D and cache-hit thresholds,
+:mod:`llmsim.api.transfer`)."""
 
 from __future__ import annotations
+
+import attrs
 
 from llmsim.api.completions.render import CompletionStreamRenderer, completion_body
 from llmsim.api.completions.request import CompletionRequest, check_suffix, parse_completion_request
@@ -16,16 +19,28 @@ from llmsim.api.request_fields import check_sampling_params, token_id_refusal
 from llmsim.api.router import Router
 from llmsim.api.stops import stop_rule
 from llmsim.api.structured import structured_output
+from llmsim.api.transfer import (
+    KvTransfer,
+    check_cache_hit_threshold,
+    forced_cache_threshold,
+    job_threshold,
+    prefill_transfer_params,
+)
 from llmsim.api.usage import ChunkUsage, UsageStyle
+from llmsim.model.text import FinishReason
 
 __all__ = ["completions", "register"]
 
 
 async def completions(call: Call) -> None:
     ctx = call.ctx
-    request = parse_completion_request(call.json())
+    fields = call.json()
+    request = parse_completion_request(fields)
+    check_cache_hit_threshold(fields, request.cache_hit_threshold)
     check_injected_failure(call)  # X-Return-Error, --failure-injection-rate
     model = ctx.resolve_model(request.model)
+    transfer = KvTransfer.of(request.kv_transfer_params)
+    transfer.check_streaming(request.streaming)
     structured = structured_output(
         request.response_format, request.structured_outputs, count_param="structured_outputs"
     )
@@ -56,10 +71,16 @@ async def completions(call: Call) -> None:
         stop=stop_rule(request),
         prompt_ids=[prompt.token_ids for prompt in prompts],
     )
+    if transfer.remote_decode:
+        turns = [attrs.evolve(turn, finish_reason=FinishReason.REMOTE_DECODE) for turn in turns]
     stop_reasons = [turn.stop_reason for turn in turns]
+    threshold = job_threshold(ctx, request.cache_hit_threshold, forced=forced_cache_threshold(call), transfer=transfer)
     plan = GenerationPlan(
         identity.request_id,
-        [PromptPlan(prompt.token_ids, cap) for prompt, cap in zip(prompts, caps, strict=True)],
+        [
+            PromptPlan(prompt.token_ids, cap, remote_prefill=transfer.remote_prefill, cache_hit_threshold=threshold)
+            for prompt, cap in zip(prompts, caps, strict=True)
+        ],
         turns,
         n,
     )
@@ -101,6 +122,7 @@ async def completions(call: Call) -> None:
         fingerprint=ctx.model.system_fingerprint,
         usage_style=usage_style,
         stop_reasons=stop_reasons,
+        kv_transfer_params=prefill_transfer_params() if transfer.remote_decode else None,
     )
     call.respond(200, body, (*JSON_HEADERS, *identity.headers))
 

@@ -38,26 +38,12 @@ from llmsim.api.sse import DONE_EVENT, error_events
 from llmsim.api.usage import Usage, UsageStyle
 from llmsim.engine.job import Job, JobState
 
-__all__ = ["GenerateShape", "GenerateStreamRenderer", "generate_body", "prefill_transfer_params"]
+__all__ = ["GenerateShape", "GenerateStreamRenderer", "generate_body"]
 
 _FINISHED = JobState.FINISHED
 _NOT_FINISHED = b',"finish_reason":null,"stop_reason":null'
 _CHOICE_NULLS = b',"routed_experts":null,"sampling_mask":null,"weight_versions":null'
 _CHUNK_END = b',"logprobs":null}]}\n\n'
-
-
-def prefill_transfer_params() -> dict[str, object]:
-    """llm-d-inference-sim's placeholder ``kv_transfer_params`` of a prefill pod's answer
-    (``BuildPrefillKVTransferParams``, pkg/api/response.go:436-451; Go's field order)."""
-    return {
-        "do_remote_decode": False,
-        "do_remote_prefill": True,
-        "remote_engine_id": "DUMMY_ID",
-        "remote_block_ids": ["DUMMY_ID"],
-        "remote_host": "DUMMY",
-        "remote_port": 1234,
-        "tp_size": 1,
-    }
 
 
 @attrs.frozen(kw_only=True)
@@ -100,6 +86,7 @@ def generate_body(
     created: int,
     jobs: Sequence[Job],
     kv_transfer_params: dict[str, object] | None,
+    ec_transfer_params: dict[str, object] | None = None,
 ) -> bytes:
     """The complete response of a request whose jobs all finished."""
     usage = Usage.of(jobs, len(jobs))
@@ -114,10 +101,10 @@ def generate_body(
         "mm_placeholders": shape.mm_placeholders,
         "metrics": None,
         "kv_transfer_params": kv_transfer_params,
-        "ec_transfer_params": None,
+        "ec_transfer_params": ec_transfer_params,
         "output_mode": shape.output_mode,
         # finish_reason "or 'stop'" (serving.py:495): a finished job always has one
-        "choices": [shape.choice(job, 0, len(job.output), job.finish_reason) for job in jobs],
+        "choices": [shape.choice(job, 0, job.emitted, job.finish_reason) for job in jobs],  # ended early: less
     }
     return orjson.dumps(body)
 

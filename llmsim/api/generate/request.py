@@ -95,19 +95,6 @@ class GenerateRequest:
         found = extra.get("kv_transfer_params")
         return found if isinstance(found, dict) else None
 
-    @property
-    def remote_decode(self) -> bool:
-        """llm-d's prefill side of P/D: ``do_remote_decode`` (pkg/api/request.go:289-291)."""
-        params = self.transfer_params
-        return params is not None and params.get("do_remote_decode") is True
-
-    @property
-    def remote_prefill(self) -> bool:
-        """llm-d's decode side of P/D: ``do_remote_prefill``, whose TTFT is the KV-cache
-        transfer time (pkg/api/request.go, latencies.go)."""
-        params = self.transfer_params
-        return params is not None and params.get("do_remote_prefill") is True
-
 
 def _structure_object(value: object, _: type) -> dict[str, Any]:
     """A JSON object (pydantic's ``dict_type`` error for anything else)."""

@@ -11,14 +11,14 @@ vLLM's render writes the room the prompt leaves as ``max_tokens`` when the reque
 none; a ``max_tokens`` of at least that room is read here as no cap at all (it caps
 nothing), so that such a request is planned as the original was.
 
-P/D, as llm-d-inference-sim does it: ``kv_transfer_params.do_remote_decode`` (at the
-root, or in ``sampling_params.extra_args``) makes this the prefill pod: no streaming
-(400), ``finish_reason: "remote_decode"`` and placeholder ``kv_transfer_params`` for the
-decoder (pkg/llm-d-inference-sim/helpers.go:76-79, request.go:252-258,
-pkg/api/response.go:422-451).  Without it ``kv_transfer_params`` is null, as vLLM without
-a KV connector answers.  ``do_remote_prefill`` makes this the decode pod: the prompt is not
-prefilled here, and the first token waits the KV-cache transfer time instead
-(``--kv-cache-transfer-latency`` and friends).
+P/D, as llm-d-inference-sim does it (:mod:`llmsim.api.transfer`): ``kv_transfer_params``
+(at the root, or in ``sampling_params.extra_args``) with ``do_remote_decode`` makes this
+the prefill pod (no streaming, ``finish_reason: "remote_decode"``, placeholder
+``kv_transfer_params`` for the decoder), with ``do_remote_prefill`` the decode pod (the
+first token waits the KV-cache transfer).  Without them ``kv_transfer_params`` is null, as
+vLLM without a KV connector answers.  Of the cache-hit thresholds only
+``--global-cache-hit-threshold`` applies here: generate has no request field and llm-d
+reads no header for it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from llmsim.api.context import ApiContext, Call
 from llmsim.api.errors import JSON_HEADERS, ApiError
 from llmsim.api.failures import check_injected_failure
 from llmsim.api.generate.logprobs import GenerateLogprobs
-from llmsim.api.generate.render import GenerateShape, GenerateStreamRenderer, generate_body, prefill_transfer_params
+from llmsim.api.generate.render import GenerateShape, GenerateStreamRenderer, generate_body
 from llmsim.api.generate.request import GenerateRequest, parse_generate_request
 from llmsim.api.generation import RequestIdentity, check_job_count, check_output_volume, collect, stream
 from llmsim.api.logprobs_limit import checked_logprobs
@@ -38,8 +38,10 @@ from llmsim.api.prompts import check_prompt_length
 from llmsim.api.render.gate import require_scale_out
 from llmsim.api.router import Router
 from llmsim.api.stops import StopRule
+from llmsim.api.transfer import KvTransfer, ec_transfer_params, job_threshold, prefill_transfer_params
 from llmsim.api.turns import TurnPlan
 from llmsim.api.usage import UsageStyle
+from llmsim.engine.kv_hashing import MultimodalItem
 from llmsim.model.text import FinishReason
 
 __all__ = ["generate", "register"]
@@ -53,7 +55,9 @@ async def generate(call: Call) -> None:
     model = ctx.resolve_model(request.model)
     params = request.sampling_params
     check_job_count(ctx, params.n)
+    transfer = KvTransfer.of(request.transfer_params)
     _check_serving_rules(request, ctx.engine.options.max_num_seqs)
+    transfer.check_streaming(request.streaming)
     prompt = request.token_ids
     check_prompt_length(ctx.model.max_model_len, len(prompt), prompt_is_text=False)
     room = ctx.model.max_model_len - len(prompt)
@@ -71,10 +75,16 @@ async def generate(call: Call) -> None:
         stop=_stop_rule(request),
         prompt_ids=(prompt,),  # dataset mode: the rows of this prompt (as chat's, for a rendered chat prompt)
     )
-    remote_decode = request.remote_decode
-    if remote_decode:
+    if transfer.remote_decode:
         turns = [attrs.evolve(turn, finish_reason=FinishReason.REMOTE_DECODE) for turn in turns]
-    prompt_plan = PromptPlan(prompt, cap, remote_prefill=request.remote_prefill)
+    threshold = job_threshold(ctx, None, forced=False, transfer=transfer)
+    prompt_plan = PromptPlan(
+        prompt,
+        cap,
+        remote_prefill=transfer.remote_prefill,
+        cache_hit_threshold=threshold,
+        kv_multimodal=_kv_multimodal(request),
+    )
     plan = GenerationPlan(identity.request_id, (prompt_plan,), turns, params.n)
     logprobs, refusal = _logprobs(ctx, request, identity.request_id)
     shape = _shape(request, identity.response_id, turns, ctx.model.enable_prompt_tokens_details, logprobs)
@@ -94,14 +104,15 @@ async def generate(call: Call) -> None:
         model=model,
         created=int(ctx.wall_clock()),
         jobs=jobs,
-        kv_transfer_params=prefill_transfer_params() if remote_decode else None,
+        kv_transfer_params=prefill_transfer_params() if transfer.remote_decode else None,
+        # an encoder pod's, per mm hash of the request's features (generate.go:86-89)
+        ec_transfer_params=ec_transfer_params(ctx, _mm_hashes(request)),
     )
     call.respond(200, body, (*JSON_HEADERS, *identity.headers))
 
 
 def _check_serving_rules(request: GenerateRequest, max_num_seqs: int) -> None:
-    """The 400s ``serve_tokens`` gives before generating (serving.py:210-240), and
-    llm-d-inference-sim's refusal to stream a prefill (helpers.go:76-79)."""
+    """The 400s ``serve_tokens`` gives before generating (serving.py:210-240)."""
     params = request.sampling_params
     if params.n > max_num_seqs:
         raise ApiError(
@@ -109,8 +120,24 @@ def _check_serving_rules(request: GenerateRequest, max_num_seqs: int) -> None:
         )
     if request.output_mode == "text" and not params.detokenize:
         raise ApiError(400, "output_mode='text' requires sampling_params.detokenize to be true")
-    if request.remote_decode and request.streaming:
-        raise ApiError(400, "Prefill does not support streaming")
+
+
+def _mm_hashes(request: GenerateRequest) -> list[str]:
+    features = request.features
+    return [] if features is None else [digest for hashes in features.mm_hashes.values() for digest in hashes]
+
+
+def _kv_multimodal(request: GenerateRequest) -> tuple[MultimodalItem, ...]:
+    """The request's ``features`` as its KV block keys take them: each mm hash over its
+    placeholder (llm-d-inference-sim pkg/kv-cache/kv_cache.go:111-121)."""
+    features = request.features
+    if features is None:
+        return ()
+    return tuple(
+        MultimodalItem(digest, placeholder.offset, placeholder.length)
+        for modality, hashes in features.mm_hashes.items()
+        for digest, placeholder in zip(hashes, features.mm_placeholders[modality], strict=True)  # checked
+    )
 
 
 def _stop_rule(request: GenerateRequest) -> StopRule | None:

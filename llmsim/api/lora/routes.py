@@ -41,12 +41,15 @@ class UnloadLoraAdapterRequest:
 async def load_lora_adapter(call: Call) -> None:
     request = structure(call.json(), LoadLoraAdapterRequest)
     text = call.ctx.loras.load(request.lora_name, request.lora_path, load_inplace=request.load_inplace)
+    call.ctx.engine.set_lora_loaded(request.lora_name, True)
     call.respond(200, text.encode(), ())
 
 
 async def unload_lora_adapter(call: Call) -> None:
     request = structure(call.json(), UnloadLoraAdapterRequest)
     text = call.ctx.loras.unload(request.lora_name)
+    # its idle KV blocks go first when room is needed (llm-d-inference-sim block_cache.go)
+    call.ctx.engine.set_lora_loaded(request.lora_name, False)
     call.respond(200, text.encode(), ())
 
 

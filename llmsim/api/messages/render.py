@@ -56,7 +56,7 @@ class MessageShell:
 def stop_reason_of(plan: TurnPlan, stop_sequence: str | None) -> str:
     if plan.finish_reason == FinishReason.TOOL_CALLS:
         return "tool_use"
-    if plan.finish_reason == FinishReason.LENGTH:
+    if plan.finish_reason in (FinishReason.LENGTH, FinishReason.CACHE_THRESHOLD):  # llm-d: response_builder.go:836
         return "max_tokens"
     return "stop_sequence" if stop_sequence is not None else "end_turn"
 

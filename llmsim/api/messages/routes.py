@@ -30,6 +30,7 @@ from llmsim.api.prompts import check_context_length, prompt_ids
 from llmsim.api.router import ErrorStyle, Router
 from llmsim.api.stops import StopRule, finish_turn
 from llmsim.api.tool_support import planning_errors
+from llmsim.api.transfer import forced_cache_threshold, job_threshold
 from llmsim.model.tools import plan_tool_calls as plan_tool_calls_of
 
 __all__ = ["count_tokens", "create_message", "register"]
@@ -43,7 +44,12 @@ async def create_message(call: Call) -> None:
     check_job_count(ctx, 1)
     tools = function_tools(request.tools)
     choice = tool_choice_of(request.tool_choice, tools)
-    prompt = prompt_ids(ctx.tokenizer, conversation_turns(request, tools))
+    from llmsim.api.render.features import kv_multimodal  # here: render imports this package (a cycle at the top)
+    from llmsim.api.render.sources import messages_media
+
+    turns = conversation_turns(request, tools)
+    prompt = prompt_ids(ctx.tokenizer, turns)
+    media = kv_multimodal(ctx.tokenizer, turns, messages_media(request))
     # vLLM serves /v1/messages as a chat request whose max_completion_tokens is max_tokens
     # (vllm/entrypoints/anthropic/serving.py:643-644), so its errors name that field.
     check_context_length(
@@ -79,7 +85,12 @@ async def create_message(call: Call) -> None:
     plan = finish_turn(ctx, plan, cap, _stop_rule(request.stop_sequences, request.streaming))
     stop_sequence = plan.stop_reason if isinstance(plan.stop_reason, str) else None
     shell = MessageShell(identity.response_id, model, stop_sequence)
-    generation = GenerationPlan.single(request_id, PromptPlan(prompt, cap), plan)
+    # llm-d serves /v1/messages as a chat request: the header and the global threshold
+    # apply (pkg/llm-d-inference-sim/messages.go:32-44); the body has no threshold field
+    threshold = job_threshold(ctx, None, forced=forced_cache_threshold(call))
+    generation = GenerationPlan.single(
+        request_id, PromptPlan(prompt, cap, cache_hit_threshold=threshold, kv_multimodal=media), plan
+    )
     if request.streaming:
         await stream(call, generation, MessagesStreamRenderer(shell=shell, plan=plan), identity.headers)
         return

@@ -23,7 +23,9 @@ from prometheus_client.registry import Collector
 
 from llmsim.api.context import ApiContext, Call
 from llmsim.api.metrics.collector import CacheInfo, EngineReading, VllmCollector
+from llmsim.api.metrics.faults import InjectedFaultsCollector
 from llmsim.api.metrics.lora import LoraSeries
+from llmsim.api.metrics.shared import combine, peers_of
 from llmsim.api.router import Router
 from llmsim.engine.fake_metrics import FakeMetrics
 
@@ -87,7 +89,7 @@ def _reader(ctx: ApiContext) -> Callable[[], EngineReading]:
             state = engine.lora_state()
             busy = statistics.running + statistics.waiting > 0
             lora, deferred = lora_series.read(state.adapters, busy, ctx.wall_clock()), state.deferred
-        return EngineReading(
+        reading = EngineReading(
             statistics=statistics,
             metrics=engine.metrics.snapshot(),
             kv_cache_usage=engine.kv_cache_usage,
@@ -99,6 +101,8 @@ def _reader(ctx: ApiContext) -> Callable[[], EngineReading]:
             lora=lora,
             deferred=deferred,
         )
+        peers = peers_of(ctx)  # --workers: the other workers' numbers too
+        return reading if peers is None else combine(reading, peers())
 
     return read
 
@@ -118,6 +122,7 @@ def metrics_registry(ctx: ApiContext) -> CollectorRegistry:
                 cache_info=cache_info(ctx.engine.options.block_size, ctx.engine.options.kv_cache_size),
             )
         )
+        registry.register(InjectedFaultsCollector(ctx.injected_faults, ctx.wall_clock()))
         _registries[ctx] = registry
     return registry
 

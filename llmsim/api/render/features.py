@@ -12,6 +12,10 @@ item's stand-in text (``<image>``, ``<audio>``, ``<video>``; :data:`llmsim.api.p
 really takes in the prompt, so ``offset + length`` stays within ``token_ids`` and the
 ranges are sorted and disjoint, as vLLM's validator demands.
 
+The generating endpoints key their prompt's KV blocks by the same items
+(:func:`kv_multimodal`): a router that renders the request sees the same hashes and
+placeholders, so it computes the same block keys (docs/kv-cache.md).
+
 A ``data:`` URL (or ``input_audio`` data) must hold valid base64: vLLM decodes it to
 load the media, and malformed data is a 400 here too (:func:`check_media_data`).
 """
@@ -27,9 +31,10 @@ import attrs
 
 from llmsim.api.errors import ApiError
 from llmsim.api.prompts import MEDIA
-from llmsim.model.tokenizer import Tokenizer
+from llmsim.engine.kv_hashing import MultimodalItem
+from llmsim.model.tokenizer import ChatTurn, Tokenizer
 
-__all__ = ["MediaItem", "check_media_data", "mm_features"]
+__all__ = ["MediaItem", "check_media_data", "kv_multimodal", "mm_features"]
 
 #: The hash prefix llm-d-inference-sim gives each modality (tokenizer.go:140-157).
 _HASH_PREFIX = {"image": "img", "audio": "audio", "video": "video"}
@@ -77,20 +82,44 @@ def mm_features(tokenizer: Tokenizer, prompt_text: str, items: Sequence[MediaIte
     metadata-only items) in vLLM's field order, modalities in order of first appearance."""
     if not items:
         return None
-    ends = list(itertools.accumulate(map(len, tokenizer.tokenize(prompt_text))))
     hashes: dict[str, list[str]] = {}
     placeholders: dict[str, list[dict[str, int]]] = {}
     kwargs: dict[str, list[str]] = {}
+    for modality, digest, span in _described(tokenizer, prompt_text, items):
+        hashes.setdefault(modality, []).append(digest)
+        kwargs.setdefault(modality, []).append(base64.b64encode(digest.encode()).decode())
+        placeholders.setdefault(modality, []).append(span)
+    return {"mm_hashes": hashes, "mm_placeholders": placeholders, "kwargs_data": kwargs, "mm_metadata": None}
+
+
+def kv_multimodal(
+    tokenizer: Tokenizer, turns: Sequence[ChatTurn], items: Sequence[MediaItem]
+) -> tuple[MultimodalItem, ...]:
+    """The items of the prompt rendered from ``turns`` as its KV block keys take them:
+    each item's mm hash over its placeholder, as llm-d-inference-sim feeds a request's
+    ``MMFeatures`` to ``ComputeBlockExtraFeatures`` (pkg/kv-cache/kv_cache.go:111-121).
+    Empty, with no template work, without media."""
+    if not items:
+        return ()
+    described = _described(tokenizer, tokenizer.apply_chat_template(turns), items)
+    return tuple(MultimodalItem(digest, span["offset"], span["length"]) for _, digest, span in described)
+
+
+def _described(
+    tokenizer: Tokenizer, prompt_text: str, items: Sequence[MediaItem]
+) -> list[tuple[str, str, dict[str, int]]]:
+    """Per item, in order: its modality, its hash and its placeholder span."""
+    ends = list(itertools.accumulate(map(len, tokenizer.tokenize(prompt_text))))
+    counts: dict[str, int] = {}
+    described = []
     cursor = 0
     for item in items:
         modality = item.modality
-        same = hashes.setdefault(modality, [])
-        digest = f"sim_{_HASH_PREFIX[modality]}_{len(same)}_{fnv1a_32(item.source):x}"
-        same.append(digest)
-        kwargs.setdefault(modality, []).append(base64.b64encode(digest.encode()).decode())
+        index = counts[modality] = counts.get(modality, -1) + 1
+        digest = f"sim_{_HASH_PREFIX[modality]}_{index}_{fnv1a_32(item.source):x}"
         span, cursor = _token_span(ends, prompt_text, MEDIA[modality], cursor)
-        placeholders.setdefault(modality, []).append(span)
-    return {"mm_hashes": hashes, "mm_placeholders": placeholders, "kwargs_data": kwargs, "mm_metadata": None}
+        described.append((modality, digest, span))
+    return described
 
 
 def _token_span(ends: list[int], text: str, marker: str, cursor: int) -> tuple[dict[str, int], int]:

@@ -46,6 +46,7 @@ from llmsim.api.router import Router
 from llmsim.api.sse import json_bytes
 from llmsim.api.stops import StopRule, finish_turn
 from llmsim.api.tool_support import planning_errors
+from llmsim.api.transfer import job_threshold
 from llmsim.api.turns import TEXT, TurnPlan
 from llmsim.model.tokenizer import ChatTurn
 from llmsim.model.tools import (
@@ -92,6 +93,10 @@ async def create_response(call: Call) -> None:
     turns.extend(history)
     turns.extend(conversation.turns)
     prompt = _checked_prompt(ctx, request, turns)
+    from llmsim.api.render.features import kv_multimodal  # here: render imports this package (a cycle at the top)
+    from llmsim.api.render.sources import responses_media
+
+    media = kv_multimodal(ctx.tokenizer, turns, responses_media(request.input))
     top_logprobs = _checked_top_logprobs(ctx, request)
 
     identity = _identity(call, request)
@@ -143,7 +148,11 @@ async def create_response(call: Call) -> None:
         service_tier=request.service_tier or "auto",
         max_tool_calls=request.max_tool_calls,
     )
-    generation = GenerationPlan.single(request_id, PromptPlan(prompt, cap), plan)
+    # only --global-cache-hit-threshold: llm-d's responses request reads no field or header for it
+    threshold = job_threshold(ctx, None, forced=False)
+    generation = GenerationPlan.single(
+        request_id, PromptPlan(prompt, cap, cache_hit_threshold=threshold, kv_multimodal=media), plan
+    )
     if request.streaming:
         renderer = ResponsesStreamRenderer(shell=shell, plan=plan, ids=ids, logprobs=logprobs)
         await stream(call, generation, renderer, identity.headers)

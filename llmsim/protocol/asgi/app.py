@@ -95,10 +95,10 @@ class AsgiApp:
             stream = AsgiResponseStream()
             stream.respond_error(413, f"Request body too large: the limit is {self.max_body_size} bytes.")
             return await self._pump_until_disconnect(stream, receive, send)
-        return await self._respond(request_from_scope(scope, body), receive, send)
+        return await self._respond(request_from_scope(scope, body), receive, send, _takes_trailers(scope))
 
-    async def _respond(self, request: HttpRequest, receive: Receive, send: Send) -> bool:
-        stream = AsgiResponseStream()
+    async def _respond(self, request: HttpRequest, receive: Receive, send: Send, trailers: bool = False) -> bool:
+        stream = AsgiResponseStream(send_trailers=trailers)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._run_handler, request, stream)
             return await self._pump_until_disconnect(stream, receive, send)
@@ -140,7 +140,8 @@ class AsgiApp:
         """Send the head, then one body message per wake-up, until the end.
         True if the last message was delivered."""
         await stream.wait_pending()
-        await send({"type": "http.response.start", "status": stream.status, "headers": list(stream.headers)})
+        head = {"type": "http.response.start", "status": stream.status, "headers": list(stream.headers)}
+        await send({**head, "trailers": True} if stream.send_trailers else head)  # type: ignore[arg-type]
         while True:
             body = stream.take_all()
             if stream.ended:
@@ -160,7 +161,19 @@ class AsgiApp:
         stream.finish()
         with trio.move_on_after(self.final_send_timeout, shield=True) as scope:
             await send({"type": "http.response.body", "body": body, "more_body": False})
+            if stream.send_trailers:
+                await send({"type": "http.response.trailers", "headers": list(stream.trailers), "more_trailers": False})
         return not scope.cancelled_caught
+
+
+def _takes_trailers(scope: HTTPScope) -> bool:
+    """The server offers ASGI's ``http.response.trailers`` extension and the client said
+    ``te: trailers`` (hypercorn sends trailers only then; gRPC clients always say it):
+    every response then ends with a trailers message, empty unless ``end`` gave some."""
+    extensions = scope.get("extensions") or {}
+    return "http.response.trailers" in extensions and any(
+        name.lower() == b"te" and b"trailers" in value for name, value in scope["headers"]
+    )
 
 
 def request_from_scope(scope: HTTPScope, body: bytes) -> HttpRequest:

@@ -21,6 +21,7 @@ import trio
 
 from llmsim.api.http import Application
 from llmsim.options import ServerOptions
+from llmsim.protocol.asgi import guards
 from llmsim.protocol.asgi.app import AsgiApp
 from llmsim.protocol.settings import MAX_HEADER_BYTES, ConnectionTracker, ServerHandle
 from llmsim.protocol.tls import ALPN_PROTOCOLS, server_ssl_context
@@ -86,7 +87,10 @@ async def serve_hypercorn(
     *,
     task_status: trio.TaskStatus[ServerHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``sim`` with hypercorn until cancelled; report a ServerHandle when bound."""
+    """Serve ``sim`` with hypercorn until cancelled; report a ServerHandle when bound.
+
+    hypercorn's own failures are kept to their connection (:mod:`.guards`)."""
+    guards.install()
     app = AsgiApp(sim.app, tracker, max_body_size=options.max_request_body_bytes)
     hc = hypercorn_config(options, server_ssl_context(options))
     shutdown = trio.Event()

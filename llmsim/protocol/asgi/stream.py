@@ -45,6 +45,7 @@ class AsgiResponseStream(BufferedResponse):
     """
 
     host: PumpSignal = attrs.field(factory=PumpSignal)
+    send_trailers: bool = False  # the response ends with an ``http.response.trailers`` message
 
     async def wait_pending(self) -> None:
         """Wait until there is something to send: the head, body bytes or the end."""

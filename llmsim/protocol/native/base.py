@@ -51,6 +51,11 @@ class Transport(Protocol):
     def switch_to(self, handler: ProtocolHandler) -> None:
         """Hand the connection to ``handler`` (HTTP/1.1 -> HTTP/2 after ``Upgrade: h2c``)."""
 
+    def close_abruptly(self, mode: str) -> None:
+        """The coming close is an injected fault's: no lingering; "rst": a TCP RST instead
+        of a FIN; "close-notify": over TLS, a ``close_notify`` alert first (otherwise a
+        TLS connection closes without one)."""
+
 
 class HandlerPhase(enum.Enum):
     """Where a protocol handler is in its life; it only moves forward."""

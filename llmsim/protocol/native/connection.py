@@ -20,6 +20,7 @@ import enum
 import logging
 import math
 import socket
+import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -28,7 +29,7 @@ import trio
 
 from llmsim.api.http import Application
 from llmsim.protocol.native.base import ProtocolHandler
-from llmsim.protocol.native.detect import RECEIVE_SIZE, PrefixedStream, Wire, sniff
+from llmsim.protocol.native.detect import RECEIVE_SIZE, PrefixedStream, Wire, refuse_cleartext, sniff
 from llmsim.protocol.native.http1 import Http1Handler
 from llmsim.protocol.native.http2 import Http2Handler
 from llmsim.protocol.settings import ConnectionTracker, ProtocolSettings
@@ -40,6 +41,8 @@ log = logging.getLogger("llmsim.protocol")
 _NETWORK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError)
 #: Writer iterations that may run without a checkpoint (direct sends do not yield).
 _MAX_UNCHECKED = 16
+#: A send that waits for the socket must get this many bytes out per write-stall timeout.
+_STALL_PIECE = 64 * 1024
 
 
 def _direct_socket(transport: trio.abc.Stream) -> socket.socket | None:
@@ -121,6 +124,7 @@ class Connection:
     _reading_allowed: bool = attrs.field(default=True, init=False)
     _resume_reading: trio.Event = attrs.field(factory=trio.Event, init=False)
     _reader_done: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _close_mode: str = attrs.field(default="", init=False)  # an injected close (close_abruptly)
 
     def __repr__(self) -> str:
         return f"<Connection {type(self.handler).__name__} {self.scheme} {self.phase.value}>"
@@ -136,7 +140,16 @@ class Connection:
             if self.handler is not None:
                 self.handler.connection_lost()
             self.tracker.connection_closed()
+            await self._close_as_injected()
             await trio.aclose_forcefully(self._transport or self.stream)
+
+    async def _close_as_injected(self) -> None:
+        """The close an injected fault asked for (:meth:`close_abruptly`), if any."""
+        if self._close_mode == "rst" and isinstance(self.stream, trio.SocketStream):
+            self.stream.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        elif self._close_mode == "close-notify" and isinstance(self._transport, trio.SSLStream):
+            with trio.move_on_after(self.settings.close_linger):
+                await self._transport.aclose()  # close_notify, then the TCP close (https_compatible=False)
 
     def begin_shutdown(self) -> None:
         """Finish in-flight responses, accept no new requests, then close."""
@@ -221,6 +234,9 @@ class Connection:
         self.handler = handler
         self.wake_writer()
 
+    def close_abruptly(self, mode: str) -> None:
+        self._close_mode = mode
+
     # --- the tasks -------------------------------------------------------------------
     async def _serve(self) -> None:
         wire, prefix = Wire.CLOSED, b""
@@ -248,9 +264,14 @@ class Connection:
         wire, prefix = await sniff(self.stream, tls_possible=context is not None)
         if wire is not Wire.TLS:
             self._transport = self.stream
+            if context is not None and wire is not Wire.CLOSED and not self.settings.allow_cleartext:
+                await refuse_cleartext(self.stream, wire, self.settings.close_linger)  # TLS-only port
+                return Wire.CLOSED, b""
             return wire, prefix
         assert context is not None
-        tls = trio.SSLStream(PrefixedStream(self.stream, prefix), context, server_side=True, https_compatible=True)
+        # https_compatible=False: aclose() sends close_notify (only an injected close calls it;
+        # every other close is forceful, without one); a peer's close without one reads as EOF.
+        tls = trio.SSLStream(PrefixedStream(self.stream, prefix), context, server_side=True, https_compatible=False)
         self._transport = tls
         self.scheme = "https"
         try:
@@ -342,7 +363,8 @@ class Connection:
         through trio's ``send_all`` (two checkpoints, each a trip through the run loop:
         about 20 us per send, which per connection per engine step was most of the
         writer's cost).  Whatever the kernel does not take goes through ``send_all``,
-        which waits for the socket to be writable: backpressure is unchanged.
+        which waits for the socket to be writable: backpressure is unchanged, but a peer
+        that takes nothing for the write-stall timeout is given up (see :meth:`_send_all`).
         """
         assert self._transport is not None
         direct = self._direct
@@ -358,16 +380,34 @@ class Connection:
             data = memoryview(data)[sent:]
         self._sending = True
         try:
-            await self._transport.send_all(data)
-        except _NETWORK_ERRORS:
-            return False
+            return await self._send_all(memoryview(data))
         finally:
             self._sending = False
+
+    async def _send_all(self, data: memoryview) -> bool:
+        """``send_all`` in pieces of :data:`_STALL_PIECE` bytes, each within the
+        write-stall timeout: a client that reads slowly is served, one that reads nothing
+        for that long is gone (False), and with it every response it held (HTTP/1.1 and
+        HTTP/2 alike: the handler's ``connection_lost`` aborts them, freeing their slots)."""
+        assert self._transport is not None
+        timeout = self.settings.write_stall_timeout
+        for offset in range(0, len(data), _STALL_PIECE):
+            with trio.move_on_after(timeout) as scope:
+                try:
+                    await self._transport.send_all(data[offset : offset + _STALL_PIECE])
+                except _NETWORK_ERRORS:
+                    return False
+            if scope.cancelled_caught:
+                log.debug("the client read nothing for the write-stall-timeout; closing %r", self)
+                return False
         return True
 
     async def _linger(self) -> None:
         """Half-close and give the peer a moment to read the last bytes and close,
-        so that unread request bytes do not turn our close into a reset."""
+        so that unread request bytes do not turn our close into a reset (not after an
+        injected close: that one is abrupt)."""
+        if self._close_mode:
+            return
         with trio.move_on_after(self.settings.close_linger):
             if isinstance(self._transport, trio.abc.HalfCloseableStream):
                 try:

@@ -4,6 +4,10 @@ Every protocol announces itself in its first bytes: a TLS record starts with the
 handshake content type (0x16), an HTTP/2 client with the fixed connection preface
 (RFC 9113 section 3.4), and anything else is taken for HTTP/1.1.  The bytes read to
 decide are handed back to whoever parses the connection next.
+
+When TLS is configured the port speaks only TLS (unless ``allow_cleartext``): a
+cleartext client gets :func:`cleartext_refusal` and is closed, so that TLS can be
+enforced by the one port a load test is pointed at.
 """
 
 from __future__ import annotations
@@ -12,12 +16,17 @@ import enum
 
 import attrs
 import trio
+from hyperframe.frame import GoAwayFrame, SettingsFrame
 
-__all__ = ["H2_PREFACE", "RECEIVE_SIZE", "PrefixedStream", "Wire", "sniff"]
+from llmsim.api.http import JSON_HEADERS, error_body
+
+__all__ = ["H2_PREFACE", "RECEIVE_SIZE", "PrefixedStream", "Wire", "cleartext_refusal", "refuse_cleartext", "sniff"]
 
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 TLS_HANDSHAKE_RECORD = 0x16
 RECEIVE_SIZE = 64 * 1024
+_PROTOCOL_ERROR = 0x1  # RFC 9113 section 7
+_TLS_ONLY = "this port serves HTTPS only: connect with TLS (the server runs without --allow-cleartext)"
 
 
 class Wire(enum.Enum):
@@ -89,3 +98,33 @@ class PrefixedStream(trio.abc.HalfCloseableStream):
 
     async def aclose(self) -> None:
         await self.stream.aclose()
+
+
+def cleartext_refusal(wire: Wire) -> bytes:
+    """What a cleartext client hears on a TLS-only port before the server closes.
+
+    HTTP/1.1: a 400 in the error envelope (as nginx answers "The plain HTTP request was
+    sent to HTTPS port"); h2c: the server preface (an empty SETTINGS) and a GOAWAY
+    with PROTOCOL_ERROR and the same message as debug data.
+    """
+    if wire is Wire.H2:
+        goaway = GoAwayFrame(stream_id=0, last_stream_id=0, error_code=_PROTOCOL_ERROR)
+        goaway.additional_data = _TLS_ONLY.encode()
+        return SettingsFrame(0).serialize() + goaway.serialize()
+    body = error_body(400, _TLS_ONLY)
+    headers = (*JSON_HEADERS, (b"content-length", b"%d" % len(body)), (b"connection", b"close"))
+    head = b"HTTP/1.1 400 Bad Request\r\n" + b"".join(b"%b: %b\r\n" % field for field in headers)
+    return head + b"\r\n" + body
+
+
+async def refuse_cleartext(stream: trio.abc.HalfCloseableStream, wire: Wire, linger: float) -> None:
+    """Send :func:`cleartext_refusal`, half-close, and give the peer ``linger`` seconds
+    to read it and close (so that its unread request does not turn our close into a reset)."""
+    try:
+        await stream.send_all(cleartext_refusal(wire))
+        await stream.send_eof()
+        with trio.move_on_after(linger):
+            while await stream.receive_some(RECEIVE_SIZE):
+                pass
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        return

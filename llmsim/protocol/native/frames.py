@@ -90,9 +90,9 @@ def _split_frames(
         out.append(payload.tobytes())
 
 
-def goaway_frame(last_stream_id: int) -> bytes:
-    """A GOAWAY frame (NO_ERROR) naming ``last_stream_id`` as the last stream answered."""
-    return GoAwayFrame(stream_id=0, last_stream_id=last_stream_id, error_code=0).serialize()
+def goaway_frame(last_stream_id: int, error_code: int = 0) -> bytes:
+    """A GOAWAY frame (NO_ERROR unless told) naming ``last_stream_id`` as the last stream answered."""
+    return GoAwayFrame(stream_id=0, last_stream_id=last_stream_id, error_code=error_code).serialize()
 
 
 # --- HTTP/1.1 ------------------------------------------------------------------------

@@ -63,7 +63,7 @@ import h2.connection
 import h2.events
 from h2.connection import ConnectionState
 from h2.errors import ErrorCodes
-from h2.exceptions import StreamClosedError, StreamIDTooLowError
+from h2.exceptions import ProtocolError, StreamClosedError, StreamIDTooLowError
 from h2.settings import SettingCodes, Settings
 from h2.stream import H2Stream, StreamInputs, StreamState
 from h2.utilities import (
@@ -117,9 +117,22 @@ _UNLIMITED_STREAMS = 2**31 - 1
 
 
 class ServerConnection(h2.connection.H2Connection):
-    """h2's server connection, with the per-request costs above made cheap."""
+    """h2's server connection, with the per-request costs above made cheap, a malformed
+    request a stream error, and a bounded memory of closed streams.
 
+    ``MAX_CLOSED_STREAMS``: h2 remembers how each closed stream was closed, up to 65,536
+    of them per connection (about 115 bytes each: 7.5 MB on a long-lived connection).
+    nginx and h2o keep a few hundred.  A late frame on a stream forgotten here is still
+    answered as RFC 9113 section 5.1 allows: WINDOW_UPDATE and RST_STREAM are ignored,
+    DATA is credited to the connection window and answered with RST_STREAM
+    (h2's ``_handle_data_on_closed_stream``), and HEADERS is a connection error.
+    """
+
+    MAX_CLOSED_STREAMS = 256
     _next_walk = 64
+    #: Requests answered with RST_STREAM PROTOCOL_ERROR so far (the handler charges them
+    #: to the client's reset budget).
+    stream_errors = 0
 
     @property
     def open_inbound_streams(self) -> int:
@@ -166,9 +179,26 @@ class ServerConnection(h2.connection.H2Connection):
         return events
 
     def _receive_headers_frame(self, frame: HeadersFrame) -> tuple[list[Frame], list[h2.events.Event]]:
-        """h2's own, then the header block check h2 would have made inside it."""
-        frames, events = super()._receive_headers_frame(frame)
-        _check_header_block(events)
+        """h2's own, then the header block check h2 would have made inside it.
+
+        A malformed request (RFC 9113 section 8.1.1: a bad pseudo-header, field or
+        ``content-length``) that has decoded (so HPACK state is intact) and opened its
+        stream is a *stream* error: RST_STREAM PROTOCOL_ERROR, and no event; h2 would
+        have closed the connection, ending every other stream too.  Anything else h2
+        raises (HPACK, stream ids, the stream limit, trailers) stays a connection error.
+        """
+        sid = frame.stream_id
+        opening = sid not in self.streams and sid > self.highest_inbound_stream_id
+        try:
+            frames, events = super()._receive_headers_frame(frame)
+            _check_header_block(events)
+        except ProtocolError:
+            stream = self.streams.get(sid)
+            if not opening or stream is None or stream.state_machine.state not in (_OPEN, _HALF_CLOSED_REMOTE):
+                raise
+            self.reset_stream(sid, ErrorCodes.PROTOCOL_ERROR)
+            self.stream_errors += 1
+            return [], []
         return frames, events
 
 

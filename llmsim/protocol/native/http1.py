@@ -40,7 +40,6 @@ class Http1Response(OutboundStream):
     host: Http1Handler
     chunked: bool = attrs.field(default=False, init=False)  # h11 chose chunked framing: chunks are made here
     end_sent: bool = attrs.field(default=False, init=False)  # EndOfMessage is in the last batch
-    trailers: tuple[tuple[bytes, bytes], ...] = attrs.field(default=(), init=False)  # injected (.faulty)
 
 
 class Http1Handler:
@@ -54,6 +53,7 @@ class Http1Handler:
         self._request: h11.Request | None = None  # head of the request whose body is arriving
         self._body: list[bytes] = []
         self._body_size = 0
+        self._body_deadline = math.inf  # the whole body must be in by then (body_read_timeout)
         self._out: list[bytes] = []  # bytes made here rather than by a response: 100 Continue
         self._pipelined = 0  # bytes received while the current response is in flight
         self._head_deadline: float | None = trio.current_time() + transport.settings.header_read_timeout
@@ -107,6 +107,7 @@ class Http1Handler:
     def _on_head(self, request: h11.Request) -> None:
         self._request = request
         self._head_deadline = None
+        self._body_deadline = trio.current_time() + self._t.settings.body_read_timeout
         self._refresh_body_deadline()
         # h11 bounds only heads that arrive in pieces; one that came whole is measured here.
         head_limit = self._t.settings.max_header_bytes
@@ -133,7 +134,11 @@ class Http1Handler:
             self._reject(413, f"request body exceeds the limit of {limit} bytes (max-request-body-size-mb)")
 
     def _refresh_body_deadline(self) -> None:
-        self._t.set_read_deadline(trio.current_time() + self._t.settings.header_read_timeout)
+        """Each piece of the body must come within ``header_read_timeout`` of the last,
+        and the whole body within ``body_read_timeout`` of the head: a client trickling
+        a byte every few seconds does not hold its connection for ever."""
+        idle = trio.current_time() + self._t.settings.header_read_timeout
+        self._t.set_read_deadline(min(idle, self._body_deadline))
 
     def _on_request_complete(self) -> None:
         head = self._request
@@ -146,7 +151,7 @@ class Http1Handler:
         if _wants_h2c(head, body) and self._t.scheme == "http" and self._upgrade(head, request):
             return
         stream = self._open_response(head_only=request.method == "HEAD")
-        self._t.spawn(run_handler, self._t.app, request, stream)
+        self._t.spawn(run_handler, self._t.app, request, stream, self._t.settings.faults)
 
     def _upgrade(self, head: h11.Request, request: HttpRequest) -> bool:
         """Switch to HTTP/2 with ``request`` as stream 1; False (serve it here) if the
@@ -167,7 +172,10 @@ class Http1Handler:
         return True
 
     def read_timed_out(self) -> bool:
-        if self._request is not None or self._h11.trailing_data[0]:
+        if self._request is not None and trio.current_time() >= self._body_deadline:
+            limit = self._t.settings.body_read_timeout
+            self._reject(408, f"the request body did not arrive within {limit:g} s (body-read-timeout)")
+        elif self._request is not None or self._h11.trailing_data[0]:
             self._reject(408, "timed out reading the request (header-read-timeout)")
         else:
             self._finish()  # idle keep-alive connection
@@ -209,18 +217,30 @@ class Http1Handler:
         if stream is self._response:
             self.fail(stream)
 
-    def inject_goaway(self, stream: Http1Response) -> None:
-        """``Connection: close`` in the head not sent yet, and close after this response."""
+    def inject_goaway(self, stream: Http1Response, code: int | None) -> None:
+        """``Connection: close`` in the head not sent yet, and close after this response;
+        with an error ``code``, close now."""
+        if code is not None:
+            self.inject_close(stream)
         self._close_after_response()
 
-    def inject_close(self, stream: Http1Response) -> None:
+    def inject_close(self, stream: Http1Response, mode: str = "fin") -> None:
+        if mode != "fin":
+            self._t.close_abruptly(mode)
         self.inject_reset(stream, 0)
 
+    def inject_frames(self, stream: Http1Response, kind: str, count: int) -> bool:
+        return False  # HTTP/2 frames: nothing on HTTP/1.1
+
+    def write_padded(self, stream: Http1Response, data: bytes, padding: int) -> bool:
+        return False
+
+    def inject_head_frames(self, stream: Http1Response, size: int) -> bool:
+        return False
+
     def send_trailers(self, stream: Http1Response, fields: tuple[tuple[bytes, bytes], ...]) -> None:
-        """The last chunk, then these fields (a chunked body; else h11 refuses and the
-        connection closes)."""
-        stream.trailers = fields
-        stream.end()
+        """The last chunk, then these fields (a chunked body; dropped otherwise)."""
+        stream.end(trailers=fields)
 
     def outgoing(self) -> bytes:
         stream = self._response
@@ -255,7 +275,9 @@ class Http1Handler:
             else:
                 out.append(self._send(h11.Data(data=data)))
         if stream.fully_taken and not stream.end_sent:
-            end = h11.EndOfMessage(headers=list(stream.trailers)) if stream.trailers else h11.EndOfMessage()
+            # Trailers need a chunked body: on a body with Content-Length they are dropped (api/http.py).
+            trailers = stream.trailers if stream.chunked else ()
+            end = h11.EndOfMessage(headers=list(trailers)) if trailers else h11.EndOfMessage()
             out.append(self._send(end))
             stream.end_sent = True
 

@@ -2,12 +2,9 @@
 
 Each stream is one :class:`Http2Stream` (request head and body while it arrives, then
 the response buffer, window state and handler scope), kept in one dict and dropped on
-end, reset and connection loss alike.  Writes only queue the stream;
-:meth:`Http2Handler.outgoing` (called by the connection's writer task, or by the engine
-task right after a step) walks the queue once, sends each stream's bytes as DATA frames
-within its flow-control window and the peer's MAX_FRAME_SIZE, and returns the whole
-batch for a single ``send_all``.  A stream whose window is exhausted is marked
-``blocked`` and leaves the queue until its WINDOW_UPDATE, so it never holds up others.
+end, reset and connection loss alike.  Writes only queue the stream; the sending half
+(:meth:`Http2Handler.outgoing`, one batch of frames per step) is the base class
+:class:`.h2_output.Http2Output`.
 """
 
 from __future__ import annotations
@@ -25,23 +22,20 @@ import trio
 from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 
-from llmsim.api.http import HttpRequest, ResponseEvent, ResponseState, next_state
+from llmsim.api.http import HttpRequest, ResponseEvent, next_state
+from llmsim.protocol.native import h2_faults
 from llmsim.protocol.native.base import HandlerPhase, Transport
 from llmsim.protocol.native.frames import goaway_frame
 from llmsim.protocol.native.h2_fastpath import (
     H2Stream,
     ServerConnection,
-    connection_window,
     last_stream_id,
-    send_buffered,
-    send_data,
-    send_headers,
-    send_window,
     sendable_stream,
     server_connection,
-    stream_window,
 )
+from llmsim.protocol.native.h2_guard import FrameGuard, StreamClock
 from llmsim.protocol.native.h2_headers import request_head, response_headers
+from llmsim.protocol.native.h2_output import Http2Output
 from llmsim.protocol.native.stream import OutboundStream, content_length, run_handler
 
 __all__ = ["UPGRADE_ERRORS", "Http2Handler", "Http2Stream"]
@@ -50,7 +44,6 @@ log = logging.getLogger("llmsim.protocol")
 
 #: What a bad ``HTTP2-Settings`` header raises from h2 (the upgrade is then declined).
 UPGRADE_ERRORS = (ValueError, h2.exceptions.ProtocolError)
-_STREAMING = ResponseState.STREAMING
 _OPEN, _CLOSING, _FINISHED = HandlerPhase.OPEN, HandlerPhase.CLOSING, HandlerPhase.FINISHED
 
 
@@ -65,9 +58,12 @@ class Http2Stream(OutboundStream):
     blocked: bool = attrs.field(default=False, init=False)  # bytes pending, the stream's window exhausted
     reset_when_done: bool = attrs.field(default=False, init=False)  # answered before the request ended
     h2stream: H2Stream | None = attrs.field(default=None, init=False)  # h2's, once the head is sent
+    # While the request arrives, when its body must be complete; while the response is
+    # stalled on the client's flow-control window, when it is given up (h2_guard.StreamClock).
+    deadline: float = attrs.field(default=math.inf, init=False)
 
 
-class Http2Handler:
+class Http2Handler(Http2Output):
     """The HTTP/2 side of one connection (prior knowledge, ALPN ``h2`` or ``h2c`` upgrade)."""
 
     def __init__(self, transport: Transport, *, preamble: bytes = b"", upgrade_settings: bytes | None = None) -> None:
@@ -83,13 +79,20 @@ class Http2Handler:
         self._t = transport
         self._phase = _OPEN  # CLOSING: GOAWAY sent, the streams it names still run
         self._streams: dict[int, Http2Stream] = {}
-        self._ready: deque[Http2Stream] = deque()
-        self._sent: list[Http2Stream] = []  # streams that sent bytes in the last batch
+        self._ready = deque()
+        self._sent = []  # streams that sent bytes in the last batch
         self._prefix = preamble  # raw bytes ahead of h2's own: the 101, our GOAWAY
         self._body_bytes = 0  # request-body bytes buffered on all streams
-        self._receiving = 0  # streams whose request is still arriving (head, handler not started)
-        self._body_deadline = math.inf  # the read deadline while some stream is receiving
-        self._refresh_body_deadline = False  # a request head or DATA arrived: move it on
+        now = trio.current_time()
+        self._guard = FrameGuard.for_settings(settings, self._h2.local_settings.max_frame_size, now)
+        # Streams whose request is still arriving (head, handler not started), and streams
+        # whose response waits for a window: each must get on within its timeout.
+        self._receiving: StreamClock[Http2Stream] = StreamClock(settings.body_read_timeout)
+        self._stalled = StreamClock(settings.write_stall_timeout)
+        self._idle_deadline = math.inf  # with no stream open: the keep-alive timeout
+        self._starting: list[tuple[Http2Stream, HttpRequest]] = []  # complete requests of this read
+        self._stream_errors = 0  # the malformed requests h2 had reset when last looked at
+        self._refused = 0  # streams refused beyond the stream limit in this read
         self._dispatch: dict[type[h2.events.Event], Callable[[Any], None]] = {
             h2.events.RequestReceived: self._on_request,
             h2.events.DataReceived: self._on_data,
@@ -110,14 +113,20 @@ class Http2Handler:
         """Answer the HTTP/1.1 request that asked for ``Upgrade: h2c`` as stream 1."""
         stream = self._open_stream(1, request)
         self._start_handler(stream)
+        self._start_handlers()
         self._update_read_deadline()
 
     # --- input -------------------------------------------------------------------------
     def receive(self, data: bytes) -> None:
+        """The frame guard first (h2_guard): h2 sees only the frames it lets through.
+        Requests that end in ``data`` start only once all of it is read, so that a
+        request reset in the same read never reaches the application."""
         if self._phase is _FINISHED or not data:
             return  # EOF: connection_lost follows
+        guard = self._guard
+        accepted, refusal = guard.scan(data, trio.current_time())
         try:
-            events = self._h2.receive_data(data)
+            events = self._h2.receive_data(data if refusal is None else data[:accepted])
         except h2.exceptions.ProtocolError as exc:
             log.debug("HTTP/2 protocol error from client, closing: %s", exc)
             self._abort_streams()  # h2 has queued a GOAWAY
@@ -128,13 +137,34 @@ class Http2Handler:
                 handler = dispatch.get(type(event))
                 if handler is not None:
                     handler(event)
-            self._update_read_deadline()
+            # Malformed requests h2 reset, and streams refused beyond the limit, count as resets.
+            errors = self._h2.stream_errors
+            if errors != self._stream_errors or self._refused:
+                charged = errors - self._stream_errors + self._refused
+                if not guard.charge_resets(charged, trio.current_time()):
+                    refusal = ErrorCodes.ENHANCE_YOUR_CALM
+                self._stream_errors, self._refused = errors, 0
+            if refusal is None:
+                self._start_handlers()
+                self._update_read_deadline()
+            else:
+                self._fail(refusal)
         self._t.wake_writer()
+
+    def _fail(self, code: ErrorCodes) -> None:
+        """A connection error of ours: GOAWAY ``code``, abort every stream, close."""
+        if self._phase is _FINISHED:
+            return  # the client's GOAWAY came first
+        log.info("HTTP/2 connection closed with GOAWAY %s (a limit of docs/configuration.md)", code.name)
+        self._h2.close_connection(error_code=code, last_stream_id=last_stream_id(self._h2))
+        self._abort_streams()
+        self._phase = _FINISHED
 
     def _on_request(self, event: h2.events.RequestReceived) -> None:
         sid = event.stream_id
         if self._phase is not _OPEN or len(self._streams) >= self._t.settings.max_concurrent_streams:
             self._h2.reset_stream(sid, ErrorCodes.REFUSED_STREAM)
+            self._refused += self._phase is _OPEN  # (a client that ignores the advertised limit)
             return
         assert event.headers is not None
         stream = self._open_stream(sid, request_head(event.headers, self._t.scheme))
@@ -152,7 +182,6 @@ class Http2Handler:
         stream.body.append(event.data)
         stream.body_size += len(event.data)
         self._body_bytes += len(event.data)
-        self._refresh_body_deadline = True
         limit = self._t.settings.max_body_bytes
         if stream.body_size > limit or self._body_bytes > limit * 4:
             self._refuse_body(stream)
@@ -173,18 +202,26 @@ class Http2Handler:
             self._drop(stream)
 
     def _on_window_updated(self, event: h2.events.WindowUpdated) -> None:
-        # Stream 0 (the connection window): the streams it stopped are still queued.
-        stream = self._streams.get(event.stream_id or 0)
+        # Stream 0 (the connection window): the streams it stopped are still queued, and
+        # their write-stall clocks start again; a stream's own window restarts its own.
+        if not event.stream_id:
+            for waiting in [stream for stream in self._stalled.streams.values() if not stream.blocked]:
+                self._stalled.discard(waiting)
+            return
+        stream = self._streams.get(event.stream_id)
         if stream is not None and stream.blocked:
-            stream.blocked = False
-            self.schedule(stream)
+            self._unblock(stream)
 
     def _on_settings_changed(self, event: h2.events.RemoteSettingsChanged) -> None:
         if SettingCodes.INITIAL_WINDOW_SIZE in event.changed_settings:
             for stream in self._streams.values():
                 if stream.blocked:
-                    stream.blocked = False
-                    self.schedule(stream)
+                    self._unblock(stream)
+
+    def _unblock(self, stream: Http2Stream) -> None:
+        stream.blocked = False
+        self._stalled.discard(stream)
+        self.schedule(stream)
 
     def _on_connection_terminated(self, event: h2.events.ConnectionTerminated) -> None:
         # h2 cannot send on a connection after the peer's GOAWAY.
@@ -192,22 +229,33 @@ class Http2Handler:
         self._phase = _FINISHED
 
     def read_timed_out(self) -> bool:
-        """Either a request body stalled for the header-read timeout (its streams are
-        reset with CANCEL, and reading goes on), or the connection was idle for the
-        keep-alive timeout with no stream open (GOAWAY, then close)."""
+        """A deadline of :meth:`_update_read_deadline` passed.  A header block (or a
+        frame other than DATA) incomplete for the header-read timeout closes the
+        connection (GOAWAY); so does the keep-alive timeout with no stream open.  A
+        request body not complete within the body-read timeout, and a response stalled
+        on the client's window for the write-stall timeout, reset their stream (CANCEL,
+        which cancels its handler and frees its engine slot); reading goes on."""
         if self._phase is _FINISHED:
             return False
-        if self._receiving:
-            stalled = [stream for stream in self._streams.values() if stream.request is not None]
-            for stream in stalled:
-                log.debug("HTTP/2 stream %d: request body timed out (header-read-timeout)", stream.stream_id)
-                self._h2.reset_stream(stream.stream_id, ErrorCodes.CANCEL)
-                self._drop(stream)
-            self._update_read_deadline()
-            return self._phase is not _FINISHED
-        self._h2.close_connection(last_stream_id=last_stream_id(self._h2))
-        self._phase = _FINISHED
-        return False
+        now = trio.current_time()
+        if self._guard.busy_since + self._t.settings.header_read_timeout <= now:
+            log.debug("HTTP/2 header block incomplete after the header-read-timeout, closing")
+            self._fail(ErrorCodes.NO_ERROR)
+            return False
+        for stream in self._receiving.expired(now):
+            log.debug("HTTP/2 stream %d: request body timed out (body-read-timeout)", stream.stream_id)
+            self._receiving.discard(stream)
+            self.inject_reset(stream, ErrorCodes.CANCEL)
+        for stream in self._stalled.expired(now):
+            log.debug("HTTP/2 stream %d: the client read nothing (write-stall-timeout)", stream.stream_id)
+            self._stalled.discard(stream)
+            self.inject_reset(stream, ErrorCodes.CANCEL)
+        if not self._streams and self._idle_deadline <= now:
+            self._h2.close_connection(last_stream_id=last_stream_id(self._h2))
+            self._phase = _FINISHED
+            return False
+        self._update_read_deadline()
+        return self._phase is not _FINISHED
 
     # --- streams -----------------------------------------------------------------------
     def _open_stream(self, stream_id: int, request: HttpRequest) -> Http2Stream:
@@ -221,8 +269,7 @@ class Http2Handler:
             request=request,
         )
         self._streams[stream_id] = stream
-        self._receiving += 1
-        self._refresh_body_deadline = True
+        self._receiving.add(stream, trio.current_time())
         self._t.tracker.stream_opened()
         return stream
 
@@ -230,7 +277,14 @@ class Http2Handler:
         assert stream.request is not None
         request = attrs.evolve(stream.request, body=b"".join(stream.body)) if stream.body else stream.request
         self._release(stream)
-        self._t.spawn(run_handler, self._t.app, request, stream)
+        self._starting.append((stream, request))
+
+    def _start_handlers(self) -> None:
+        """Run the handlers of the requests completed by this read, unless reset since."""
+        starting, self._starting = self._starting, []
+        for stream, request in starting:
+            if not stream.state.closed:
+                self._t.spawn(run_handler, self._t.app, request, stream, self._t.settings.faults)
 
     def _refuse_body(self, stream: Http2Stream) -> None:
         limit = self._t.settings.max_body_bytes
@@ -242,7 +296,7 @@ class Http2Handler:
         """``stream`` no longer receives its request: forget its head and buffered body."""
         if stream.request is not None:
             stream.request = None
-            self._receiving -= 1
+            self._receiving.discard(stream)
         if stream.body:
             self._body_bytes -= stream.body_size
             stream.body = []
@@ -251,21 +305,21 @@ class Http2Handler:
         """Forget ``stream`` (reset, or failed) and abort its handler."""
         if self._streams.pop(stream.stream_id, None) is not None:
             self._release(stream)
+            self._stalled.discard(stream)
             self._closed()
         stream.abort()
 
     def _update_read_deadline(self) -> None:
-        """While a request is still arriving, reading may pause at most the header-read
-        timeout (moved on by each request head and DATA frame); with streams open and
-        none receiving, there is no deadline; with none open, the keep-alive one (set by
-        :meth:`_closed`) stays."""
-        if self._receiving:
-            if self._refresh_body_deadline:
-                self._body_deadline = trio.current_time() + self._t.settings.header_read_timeout
-            self._t.set_read_deadline(self._body_deadline)
-        elif self._streams:
-            self._t.set_read_deadline(math.inf)
-        self._refresh_body_deadline = False
+        """The earliest of: the header-read timeout of an incomplete header block, the
+        body-read timeout of the oldest request still arriving, the write-stall timeout
+        of the oldest stalled response, and with no stream open the keep-alive one (see
+        :meth:`read_timed_out`)."""
+        deadline = min(
+            self._guard.busy_since + self._t.settings.header_read_timeout,
+            self._receiving.next_deadline(),
+            self._stalled.next_deadline(),
+        )
+        self._t.set_read_deadline(deadline if self._streams else min(deadline, self._idle_deadline))
 
     def _closed(self) -> None:
         """A stream has just left ``self._streams``."""
@@ -277,11 +331,14 @@ class Http2Handler:
 
     def _update_idle_deadline(self) -> None:
         if not self._streams:
-            self._t.set_read_deadline(trio.current_time() + self._t.settings.keep_alive_timeout)
+            self._idle_deadline = trio.current_time() + self._t.settings.keep_alive_timeout
+            self._update_read_deadline()
 
     def _abort_streams(self) -> None:
         streams = list(self._streams.values())
         self._streams.clear()
+        self._stalled.clear()
+        self._starting.clear()
         for stream in streams:
             self._release(stream)
             self._t.tracker.stream_closed()
@@ -307,10 +364,14 @@ class Http2Handler:
             self._drop(stream)
             self._t.wake_writer()
 
-    def inject_goaway(self, stream: Http2Stream) -> None:
+    def inject_goaway(self, stream: Http2Stream, code: int | None) -> None:
         """GOAWAY (NO_ERROR) naming ``stream``: later streams already open are reset with
         REFUSED_STREAM (not processed, so safe to retry), new ones are refused, and the
-        connection closes once the streams up to ``stream`` are done."""
+        connection closes once the streams up to ``stream`` are done.  With an error
+        ``code``: GOAWAY(``code``, the last stream the client opened), then close."""
+        if code is not None and self._phase is not _FINISHED:
+            self._prefix += goaway_frame(last_stream_id(self._h2), code)
+            self.inject_close(stream)
         if self._phase is not _OPEN:
             return
         self._phase = _CLOSING
@@ -319,10 +380,40 @@ class Http2Handler:
             self.inject_reset(later, ErrorCodes.REFUSED_STREAM)
         self._t.wake_writer()
 
-    def inject_close(self, stream: Http2Stream) -> None:
+    def inject_close(self, stream: Http2Stream, mode: str = "fin") -> None:
+        if mode != "fin":
+            self._t.close_abruptly(mode)
         self._abort_streams()
         self._phase = _FINISHED
         self._t.wake_writer()
+
+    def inject_frames(self, stream: Http2Stream, kind: str, count: int) -> bool:
+        if stream.stream_id not in self._streams:
+            return False
+        limit = self._t.settings.max_concurrent_streams
+        self._prefix += h2_faults.control_frames(self._h2, stream.stream_id, kind, count, limit)
+        self._t.wake_writer()
+        return True
+
+    def write_padded(self, stream: Http2Stream, data: bytes, padding: int) -> bool:
+        if stream.stream_id not in self._streams or stream.head_pending or stream.buffered:
+            return False
+        frames = h2_faults.padded_data(self._h2, stream.stream_id, data, padding)
+        if frames is None:
+            return False
+        self._prefix += frames
+        self._t.wake_writer()
+        return True
+
+    def inject_head_frames(self, stream: Http2Stream, size: int) -> bool:
+        if stream.stream_id not in self._streams or not stream.head_pending:
+            return False
+        status, headers = stream.take_head()
+        fields = response_headers(status, headers)
+        self._prefix += h2_faults.head_frames(self._h2, stream.stream_id, fields, size)
+        stream.h2stream = sendable_stream(self._h2, stream.stream_id)
+        self._t.wake_writer()
+        return True
 
     def send_trailers(self, stream: Http2Stream, fields: tuple[tuple[bytes, bytes], ...]) -> None:
         """A HEADERS frame with END_STREAM (through h2: trailers take its state machine)."""
@@ -334,147 +425,6 @@ class Http2Handler:
         self._done(stream, out)
         self._prefix += b"".join(out)
         self._t.wake_writer()
-
-    # --- output ------------------------------------------------------------------------
-    def outgoing(self) -> bytes:
-        """Every ready stream's head and the DATA its windows allow, in one batch.
-
-        Bytes are collected in emission order: h2's own buffer (HEADERS, RST_STREAM,
-        SETTINGS ACK, WINDOW_UPDATE...) is drained into ``out`` right after each call
-        into h2, and the DATA and HEADERS frames built by hand (:mod:`.h2_fastpath`) are
-        appended between, so the batch is exactly what h2 alone would have sent.
-        """
-        h2conn = self._h2
-        out = [self._prefix, h2conn.data_to_send()]
-        self._prefix = b""
-        ready = self._ready
-        sent = self._sent
-        for _ in range(len(ready)):
-            stream = ready.popleft()
-            stream.queued = False
-            # The per-token case first: the head is sent, the body open, and everything
-            # buffered fits one DATA frame and both windows (h2_fastpath.send_buffered).
-            h2stream, size = stream.h2stream, stream.buffered
-            if (
-                h2stream is not None
-                and size
-                and stream.state is _STREAMING
-                and send_buffered(out, h2conn, h2stream, stream.chunks, size)
-            ):
-                stream.buffered = 0
-                if stream.drained_callbacks:
-                    sent.append(stream)
-            elif not stream.state.closed:
-                self._send(stream, out)
-        out.append(h2conn.data_to_send())
-        return b"".join(out)
-
-    def _send(self, stream: Http2Stream, out: list[bytes]) -> None:
-        try:
-            self._send_frames(stream, out)
-        except h2.exceptions.StreamClosedError:
-            # h2 closed the stream itself (a stream error by the client).
-            self._drop(stream)
-            out.append(self._h2.data_to_send())
-
-    def _send_frames(self, stream: Http2Stream, out: list[bytes]) -> None:
-        h2conn = self._h2
-        sid = stream.stream_id
-        if stream.head_pending:
-            if self._send_head(stream, out):
-                self._done(stream, out)
-                return
-            stream.h2stream = sendable_stream(h2conn, sid)
-        if stream.drained_callbacks:
-            self._sent.append(stream)  # flushed() may wake its producer (or a fault waiting for the head)
-        if not stream.buffered and not stream.state.ended:
-            return
-        h2stream = sendable_stream(h2conn, sid)
-        if h2stream is None:
-            self._send_through_h2(stream, out)  # raises what h2 raises for this state
-            return
-        if stream.buffered:
-            window = send_window(h2conn, h2stream)
-            if window <= 0:
-                self._wait_for_window(stream)
-                return
-            data = stream.take(window)
-            end = stream.state.ended and not stream.buffered
-            send_data(out, h2conn, h2stream, data, end)
-            if stream.buffered:
-                self._wait_for_window(stream)
-            elif end:
-                self._done(stream, out)
-        elif stream_window(h2stream) < 0:
-            # Ended, everything sent, but a smaller SETTINGS_INITIAL_WINDOW_SIZE made the
-            # window negative: even an empty DATA frame must wait until a WINDOW_UPDATE
-            # makes it positive again (RFC 9113 6.9.2; h2 as a client rejects it).
-            stream.blocked = True
-        else:  # ended, everything sent: an empty DATA frame with END_STREAM
-            send_data(out, h2conn, h2stream, b"", True)
-            self._done(stream, out)
-
-    def _send_head(self, stream: Http2Stream, out: list[bytes]) -> bool:
-        """Send ``stream``'s HEADERS (by hand, or through h2 where h2 would do more than
-        send them); return whether they ended the stream."""
-        h2conn = self._h2
-        status, headers = stream.take_head()
-        end = stream.state.ended and not stream.buffered
-        fields = response_headers(status, headers)
-        h2stream = sendable_stream(h2conn, stream.stream_id)
-        if h2stream is None or fields[0][1].startswith(b"1"):  # 1xx: h2's informational path
-            h2conn.send_headers(stream.stream_id, fields, end_stream=end)  # raises what h2 raises here
-            out.append(h2conn.data_to_send())
-        else:
-            send_headers(out, h2conn, h2stream, fields, end)
-        return end
-
-    def _send_through_h2(self, stream: Http2Stream, out: list[bytes]) -> None:
-        """h2's own per-frame path, for the states :func:`sendable_stream` leaves to h2."""
-        try:
-            self._send_frames_through_h2(stream, out)
-        finally:
-            out.append(self._h2.data_to_send())
-
-    def _send_frames_through_h2(self, stream: Http2Stream, out: list[bytes]) -> None:
-        h2conn = self._h2
-        sid = stream.stream_id
-        while stream.buffered:
-            window = min(h2conn.local_flow_control_window(sid), h2conn.max_outbound_frame_size)
-            if window <= 0:
-                self._wait_for_window(stream)
-                return
-            data = stream.take(window)
-            end = stream.state.ended and not stream.buffered
-            h2conn.send_data(sid, data, end_stream=end)
-            if end:
-                self._done(stream, out)
-                return
-        if stream.state.ended:
-            h2conn.end_stream(sid)
-            self._done(stream, out)
-
-    def _wait_for_window(self, stream: Http2Stream) -> None:
-        if connection_window(self._h2) <= 0:
-            stream.queued = True  # the connection window: retry on the next batch
-            self._ready.append(stream)
-        else:
-            stream.blocked = True  # its own window: retry on its WINDOW_UPDATE
-
-    def _done(self, stream: Http2Stream, out: list[bytes]) -> None:
-        """The last frame of ``stream``'s response is in ``out``."""
-        if stream.reset_when_done:
-            self._h2.reset_stream(stream.stream_id, ErrorCodes.NO_ERROR)
-            out.append(self._h2.data_to_send())
-        del self._streams[stream.stream_id]
-        self._t.tracker.request_served()
-        self._closed()
-        stream.finish()
-
-    def flushed(self) -> None:
-        sent, self._sent = self._sent, []
-        for stream in sent:
-            stream.flushed()
 
     # --- lifecycle ---------------------------------------------------------------------
     def connection_lost(self) -> None:

@@ -21,8 +21,8 @@ from typing import Protocol, Self, TypeVar
 import attrs
 
 from llmsim.api.http import Application, HttpRequest
-from llmsim.protocol.faults import FAULT_HEADER
-from llmsim.protocol.native.faulty import run_with_faults
+from llmsim.faults import FAULT_HEADER
+from llmsim.protocol.native.faulty import FaultInjection, run_with_faults
 from llmsim.protocol.native.handling import fail_if_unended, handle_or_fail
 from llmsim.protocol.response import BufferedResponse, StreamHost
 
@@ -48,14 +48,30 @@ class NativeHost(StreamHost[_StreamT], Protocol[_StreamT]):
         """Reset ``stream`` as a client's RST_STREAM would (HTTP/2: RST_STREAM ``code``;
         HTTP/1.1: close the connection mid-body)."""
 
-    def inject_goaway(self, stream: _StreamT) -> None:
-        """Accept no new requests; ``stream`` is the last one answered."""
+    def inject_goaway(self, stream: _StreamT, code: int | None) -> None:
+        """Accept no new requests; ``stream`` is the last one answered (``code`` None).
+        With an error ``code``: GOAWAY(``code``) and close now (HTTP/1.1: close now)."""
 
-    def inject_close(self, stream: _StreamT) -> None:
-        """Close the connection now, without GOAWAY or a last chunk."""
+    def inject_close(self, stream: _StreamT, mode: str = "fin") -> None:
+        """Close the connection now, without GOAWAY or a last chunk; ``mode`` "rst" or
+        "close-notify": see :meth:`.base.Transport.close_abruptly`."""
 
     def send_trailers(self, stream: _StreamT, fields: tuple[tuple[bytes, bytes], ...]) -> None:
         """End ``stream`` (everything written is on the wire) with these trailer fields."""
+
+    def inject_frames(self, stream: _StreamT, kind: str, count: int) -> bool:
+        """HTTP/2 frames beside ``stream``'s: ``count`` empty DATA frames ("empty-data"),
+        a PING ("ping"), a SETTINGS ("settings") or ``count`` WINDOW_UPDATEs
+        ("window-updates").  False (nothing sent) on HTTP/1.1 or once the stream is gone."""
+
+    def write_padded(self, stream: _StreamT, data: bytes, padding: int) -> bool:
+        """Send ``data`` as one DATA frame with ``padding`` bytes of padding (everything
+        written before is taken); False if it cannot (HTTP/1.1, or the window or frame
+        size is too small): then the caller writes it as usual."""
+
+    def inject_head_frames(self, stream: _StreamT, size: int) -> bool:
+        """Send ``stream``'s head (just decided) as HEADERS + CONTINUATION frames of
+        ``size`` bytes of header block; False on HTTP/1.1."""
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -94,14 +110,23 @@ class OutboundStream(BufferedResponse):
             self.host.fail(self)
 
 
-async def run_handler(app: Application, request: HttpRequest, stream: OutboundStream) -> None:
+async def run_handler(
+    app: Application, request: HttpRequest, stream: OutboundStream, faults: FaultInjection | None = None
+) -> None:
     """Run ``app.handle`` for one request; a handler that fails gets a 500 (or, if its
     head is already decided, the stream is aborted on the wire).  A request with an
-    ``x-llmsim-fault`` header goes to :func:`.faulty.run_with_faults` instead."""
-    for name, value in request.headers:
-        if name == FAULT_HEADER:
-            await run_with_faults(app, request, stream, value)
-            return
+    ``x-llmsim-fault`` header, or one ``faults`` picks for ``--fault``, goes to
+    :func:`.faulty.run_with_faults` instead.  A request whose stream was reset before
+    its task ran never reaches the application (the handler would run up to its first
+    checkpoint: parsing, tokenizing, planning and queueing, for a client long gone)."""
+    if stream.state.closed:
+        return
+    header = next((value for name, value in request.headers if name == FAULT_HEADER), None)
+    if header is None and faults is not None:
+        header = faults.global_faults(request)
+    if header is not None:
+        await run_with_faults(app, request, stream, header, faults)
+        return
     with stream.cancel_scope:
         if not await handle_or_fail(app, request, stream):
             return

@@ -95,7 +95,8 @@ def test_durations_read_as_go_writes_them_and_back(seconds: float, text: str) ->
 
 
 def test_the_configurable_keys_are_llm_ds_that_llmsim_simulates() -> None:
-    assert ADMIN_KEYS == SIMULATED_LLMD_ADMIN_KEYS
+    """Plus llmsim's own: the protocol faults for a share of requests (docs/faults.md)."""
+    assert SIMULATED_LLMD_ADMIN_KEYS | {"fault", "fault-rate"} == ADMIN_KEYS
 
 
 async def test_post_answers_the_new_configuration_and_get_agrees() -> None:

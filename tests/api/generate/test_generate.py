@@ -18,6 +18,7 @@ from llmsim.api.usage import UsageStyle
 from llmsim.engine.job import Job, JobState
 from llmsim.testing import open_simulator
 from tests.api.fakes import CREATED, post, running, sse_payloads
+from tests.api.test_transfer import PLACEHOLDER
 
 PATH = "/inference/v1/generate"
 LATENCY = {"time_to_first_token": 0.1, "inter_token_latency": 0.01}
@@ -310,18 +311,9 @@ async def test_do_remote_decode_answers_as_llm_ds_prefill_pod(autojump_clock: Mo
         in_extra = (await post(sim, PATH, nested)).json()
         streamed = await post(sim, PATH, generate(kv_transfer_params=kv, stream=True))
         decode_side = (await post(sim, PATH, generate(kv_transfer_params={"do_remote_prefill": True}))).json()
-    placeholder = {
-        "do_remote_decode": False,
-        "do_remote_prefill": True,
-        "remote_engine_id": "DUMMY_ID",
-        "remote_block_ids": ["DUMMY_ID"],
-        "remote_host": "DUMMY",
-        "remote_port": 1234,
-        "tp_size": 1,
-    }  # pkg/api/response.go:436-451
     for body in (at_root, in_extra):
         assert body["choices"][0]["finish_reason"] == "remote_decode"
-        assert body["kv_transfer_params"] == placeholder
+        assert body["kv_transfer_params"] == PLACEHOLDER
     assert streamed.status == 400
     assert streamed.json()["error"]["message"] == "Prefill does not support streaming"  # helpers.go:76-79
     assert decode_side["kv_transfer_params"] is None

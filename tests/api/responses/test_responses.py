@@ -395,7 +395,7 @@ async def test_echo_mode_replays_the_last_user_text(autojump_clock: MockClock) -
             "role": "user",
             "content": [
                 {"type": "input_text", "text": "echo me"},
-                {"type": "input_audio", "input_audio": {"data": "AAA", "format": "wav"}},
+                {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
             ],
         },
     ]

@@ -309,11 +309,11 @@ async def test_request_bodies_beyond_the_connection_cap_are_413() -> None:
     assert len(app.requests) == 5
 
 
-async def test_a_stalled_request_body_is_reset_after_the_header_read_timeout(
+async def test_a_stalled_request_body_is_reset_after_the_body_read_timeout(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     app = TestApp()
-    async with open_memory_connection(app, settings(header_read_timeout=5.0, keep_alive_timeout=60.0)) as mc:
+    async with open_memory_connection(app, settings(body_read_timeout=5.0, keep_alive_timeout=60.0)) as mc:
         client = H2Client(mc.client)
         await client.start()
         sid = client.conn.get_next_available_stream_id()

@@ -1,12 +1,14 @@
 """Header blocks in and out of the server's H2Connection, against h2's own handling.
 
-Inbound (RFC 9113 sections 8.2 and 8.3): h2 treats every malformed request header block
-as a connection error, so the server sends GOAWAY with PROTOCOL_ERROR naming the
-offending stream as the last one, and closes.  The first part drives a real connection
-with one malformed block per rule (and with the odd blocks h2 does accept, e.g. cookie
-crumbs ahead of the pseudo-headers); the second feeds header blocks, every single odd
-field and random combinations, to the server's H2Connection and to a stock h2 one, and
-requires identical events, errors and bytes.  The last part checks the hand-built
+Inbound (RFC 9113 sections 8.1.1, 8.2 and 8.3): h2 treats every malformed request header
+block as a connection error; the server makes a malformed request *head* a stream error
+(RST_STREAM PROTOCOL_ERROR, the connection and its other streams go on), and malformed
+trailers stay a connection error (GOAWAY PROTOCOL_ERROR naming the offending stream as
+the last one).  The first part drives a real connection with one malformed block per
+rule (and with the odd blocks h2 does accept, e.g. cookie crumbs ahead of the
+pseudo-headers); the second feeds header blocks, every single odd field and random
+combinations, to the server's H2Connection and to a stock h2 one, and requires
+identical events, errors and bytes, except the reset where h2 would close.  The last part checks the hand-built
 response HEADERS (``h2_fastpath.send_headers``) against h2's ``send_headers``.
 """
 
@@ -20,7 +22,7 @@ import pytest
 from h2.errors import ErrorCodes
 from h2.settings import SettingCodes, Settings
 from hpack import Encoder
-from hyperframe.frame import HeadersFrame, PushPromiseFrame, SettingsFrame
+from hyperframe.frame import HeadersFrame, PushPromiseFrame, RstStreamFrame, SettingsFrame
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -99,12 +101,25 @@ MALFORMED: dict[str, Headers] = {
 
 
 @pytest.mark.parametrize("head", MALFORMED.values(), ids=MALFORMED.keys())
-async def test_a_malformed_request_head_gets_goaway_protocol_error(head: Headers) -> None:
-    client, record, app, sid = await exchange(head)
-    assert client.eof and [(g.error_code, g.last_stream_id) for g in client.goaways] == [
-        (ErrorCodes.PROTOCOL_ERROR, sid)
-    ]
-    assert record.headers is None and record.reset is None and not app.requests
+async def test_a_malformed_request_head_is_a_stream_error_and_the_connection_goes_on(head: Headers) -> None:
+    app = TestApp()
+    async with open_memory_connection(app) as mc:
+        client = raw_client(mc.client)
+        await client.start()
+        held = await client.request("/hold")
+        await app.holding.wait()
+        sid = client.conn.get_next_available_stream_id()
+        client.conn.send_headers(sid, head, end_stream=True)
+        await client.flush()
+        client.records[sid] = record = StreamRecord()
+        await client.wait_until(lambda: record.done)
+        later = await client.response(await client.request("/echo"))
+        app.release.set()
+        first = await client.response(held)
+    assert record.reset == ErrorCodes.PROTOCOL_ERROR and record.headers is None
+    assert later.headers is not None and later.headers[b":status"] == b"200"
+    assert first.ended and first.body == b"data: first\n\ndata: last\n\n"
+    assert not client.goaways and [r.path for r in app.requests] == ["/hold", "/echo"]
 
 
 @pytest.mark.parametrize(
@@ -280,19 +295,29 @@ def compare(requests: list[tuple[Headers, Headers | None, bool]]) -> None:
     frame, to both connections; both must answer every frame alike."""
     encoder = Encoder()
     frames = [PREFACE]
+    opening = {}
     for index, (head, trailers, priority) in enumerate(requests):
         sid = 2 * index + 1
+        opening[len(frames)] = sid
         frames.append(headers_frame(encoder, sid, head, trailers is None, priority))
         if trailers is not None:
             frames.append(headers_frame(encoder, sid, trailers, True, False))
-    compare_frames(frames)
+    compare_frames(frames, opening)
 
 
-def compare_frames(frames: list[bytes]) -> None:
+def compare_frames(frames: list[bytes], opening: dict[int, int] | None = None) -> None:
+    """Both connections answer each frame alike, except that where h2 closes the
+    connection for the frame at index i in ``opening`` (a request head), the server only
+    resets that stream, ``opening[i]``, with PROTOCOL_ERROR."""
     ours, reference = server_connection(LIMIT, HEADER_BYTES, None), reference_connection()
     assert ours.data_to_send() == reference.data_to_send()
-    for data in frames:
+    for index, data in enumerate(frames):
         expected = outcome(reference, data)
+        if expected[0][:1] == ("error",) and opening and index in opening:
+            reset = RstStreamFrame(opening[index], error_code=ErrorCodes.PROTOCOL_ERROR).serialize()
+            assert outcome(ours, data) == ((), reset), frames
+            assert ours.stream_errors == 1
+            return
         assert outcome(ours, data) == expected, frames
         if expected[0][:1] == ("error",):
             return  # a connection error: nothing more is read

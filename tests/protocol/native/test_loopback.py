@@ -104,8 +104,7 @@ async def test_tls_with_a_self_signed_certificate_negotiates_by_alpn(nursery: tr
     assert url.startswith("https://")
     assert await curl("-k", "--http2", url + "/stream?n=3") == (_stream_text(3), "2")
     assert await curl("-k", "--http1.1", url + "/stream?n=3") == (_stream_text(3), "1.1")
-    # The same port still answers plain HTTP: the first byte tells them apart.
-    assert await curl("--http2-prior-knowledge", url.replace("https", "http") + "/health") == ("", "2")
+    # (Cleartext on the TLS port: tests/protocol/native/test_connection_abuse.py.)
 
 
 async def test_tls_with_certificate_files_verifies_and_serves_h2(nursery: trio.Nursery, tmp_path: Path) -> None:

@@ -1,0 +1,227 @@
+"""The sending half of :class:`~.http2.Http2Handler`: one batch of frames per step.
+
+Writes only queue a stream (``Http2Handler.schedule``); :meth:`Http2Output.outgoing`
+(called by the connection's writer task, or by the engine task right after a step)
+walks the queue once, sends each stream's bytes as DATA frames within its flow-control
+window and the peer's MAX_FRAME_SIZE, and returns the whole batch for a single
+``send_all``.  A stream whose window is exhausted is marked ``blocked`` and leaves the
+queue until its WINDOW_UPDATE, so it never holds up others.  :class:`Http2Output` is a
+base class of the handler, not an object of its own: the per-step, per-stream path
+stays on the one object that owns the stream table, with no call across objects.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections import deque
+from typing import TYPE_CHECKING
+
+import h2.exceptions
+import trio
+from h2.errors import ErrorCodes
+
+from llmsim.api.http import ResponseState
+from llmsim.protocol.native.base import Transport
+from llmsim.protocol.native.h2_fastpath import (
+    ServerConnection,
+    connection_window,
+    send_buffered,
+    send_data,
+    send_headers,
+    send_window,
+    sendable_stream,
+    stream_window,
+)
+from llmsim.protocol.native.h2_guard import FrameGuard, StreamClock
+from llmsim.protocol.native.h2_headers import response_headers
+
+if TYPE_CHECKING:
+    from llmsim.protocol.native.http2 import Http2Stream
+
+__all__ = ["Http2Output"]
+
+_STREAMING = ResponseState.STREAMING
+
+
+class Http2Output:
+    """The output path of an HTTP/2 connection; :class:`~.http2.Http2Handler` sets the
+    state below in its ``__init__`` and provides the stream-table hooks."""
+
+    _h2: ServerConnection
+    _t: Transport
+    _guard: FrameGuard
+    _streams: dict[int, Http2Stream]
+    _stalled: StreamClock[Http2Stream]  # responses waiting for a window (write-stall timeout)
+    _ready: deque[Http2Stream]  # streams with something to send, in order
+    _sent: list[Http2Stream]  # streams that sent bytes in the last batch
+    _prefix: bytes  # raw bytes ahead of h2's own: the 101, our GOAWAY, injected frames
+
+    @abc.abstractmethod
+    def _drop(self, stream: Http2Stream) -> None:
+        """Forget ``stream`` (reset, or failed) and abort its handler."""
+
+    @abc.abstractmethod
+    def _closed(self) -> None:
+        """A stream has just left ``self._streams``."""
+
+    @abc.abstractmethod
+    def _update_read_deadline(self) -> None:
+        """A stream's write-stall clock started: the connection's read deadline may be earlier."""
+
+    def outgoing(self) -> bytes:
+        """Every ready stream's head and the DATA its windows allow, in one batch.
+
+        Bytes are collected in emission order: h2's own buffer (HEADERS, RST_STREAM,
+        SETTINGS ACK, WINDOW_UPDATE...) is drained into ``out`` right after each call
+        into h2, and the DATA and HEADERS frames built by hand (:mod:`.h2_fastpath`) are
+        appended between, so the batch is exactly what h2 alone would have sent.
+        """
+        h2conn = self._h2
+        out = [self._prefix, h2conn.data_to_send()]
+        self._prefix = b""
+        self._guard.taken()
+        ready = self._ready
+        sent = self._sent
+        for _ in range(len(ready)):
+            stream = ready.popleft()
+            stream.queued = False
+            # The per-token case first: the head is sent, the body open, and everything
+            # buffered fits one DATA frame and both windows (h2_fastpath.send_buffered).
+            h2stream, size = stream.h2stream, stream.buffered
+            if (
+                h2stream is not None
+                and size
+                and stream.state is _STREAMING
+                and send_buffered(out, h2conn, h2stream, stream.chunks, size)
+            ):
+                stream.buffered = 0
+                if stream.drained_callbacks:
+                    sent.append(stream)
+            elif not stream.state.closed:
+                self._send(stream, out)
+        out.append(h2conn.data_to_send())
+        return b"".join(out)
+
+    def _send(self, stream: Http2Stream, out: list[bytes]) -> None:
+        try:
+            self._send_frames(stream, out)
+        except h2.exceptions.StreamClosedError:
+            # h2 closed the stream itself (a stream error by the client).
+            self._drop(stream)
+            out.append(self._h2.data_to_send())
+
+    def _send_frames(self, stream: Http2Stream, out: list[bytes]) -> None:
+        h2conn = self._h2
+        sid = stream.stream_id
+        if stream.head_pending:
+            if self._send_head(stream, out):
+                self._done(stream, out)
+                return
+            stream.h2stream = sendable_stream(h2conn, sid)
+        if stream.drained_callbacks:
+            self._sent.append(stream)  # flushed() may wake its producer (or a fault waiting for the head)
+        if not stream.buffered and not stream.state.ended:
+            return
+        h2stream = sendable_stream(h2conn, sid)
+        if h2stream is None:
+            self._send_through_h2(stream, out)  # raises what h2 raises for this state
+            return
+        if stream.buffered:
+            window = send_window(h2conn, h2stream)
+            if window <= 0:
+                self._wait_for_window(stream)
+                return
+            data = stream.take(window)
+            end = stream.state.ended and not stream.buffered
+            send_data(out, h2conn, h2stream, data, end and not stream.trailers)
+            if stream.buffered:
+                self._wait_for_window(stream)
+            elif end:
+                self._end(stream, out)
+        elif stream.trailers:  # ended, everything sent: the trailers end it (not flow-controlled)
+            self._end(stream, out)
+        elif stream_window(h2stream) < 0:
+            # Ended, everything sent, but a smaller SETTINGS_INITIAL_WINDOW_SIZE made the
+            # window negative: even an empty DATA frame must wait until a WINDOW_UPDATE
+            # makes it positive again (RFC 9113 6.9.2; h2 as a client rejects it).
+            stream.blocked = True
+        else:  # ended, everything sent: an empty DATA frame with END_STREAM
+            send_data(out, h2conn, h2stream, b"", True)
+            self._done(stream, out)
+
+    def _send_head(self, stream: Http2Stream, out: list[bytes]) -> bool:
+        """Send ``stream``'s HEADERS (by hand, or through h2 where h2 would do more than
+        send them); return whether they ended the stream."""
+        h2conn = self._h2
+        status, headers = stream.take_head()
+        end = stream.state.ended and not stream.buffered and not stream.trailers
+        fields = response_headers(status, headers)
+        h2stream = sendable_stream(h2conn, stream.stream_id)
+        if h2stream is None or fields[0][1].startswith(b"1"):  # 1xx: h2's informational path
+            h2conn.send_headers(stream.stream_id, fields, end_stream=end)  # raises what h2 raises here
+            out.append(h2conn.data_to_send())
+        else:
+            send_headers(out, h2conn, h2stream, fields, end)
+        return end
+
+    def _send_through_h2(self, stream: Http2Stream, out: list[bytes]) -> None:
+        """h2's own per-frame path, for the states :func:`sendable_stream` leaves to h2."""
+        try:
+            self._send_frames_through_h2(stream, out)
+        finally:
+            out.append(self._h2.data_to_send())
+
+    def _send_frames_through_h2(self, stream: Http2Stream, out: list[bytes]) -> None:
+        h2conn = self._h2
+        sid = stream.stream_id
+        while stream.buffered:
+            window = min(h2conn.local_flow_control_window(sid), h2conn.max_outbound_frame_size)
+            if window <= 0:
+                self._wait_for_window(stream)
+                return
+            data = stream.take(window)
+            end = stream.state.ended and not stream.buffered
+            h2conn.send_data(sid, data, end_stream=end and not stream.trailers)
+            if end:
+                self._end(stream, out)
+                return
+        if stream.state.ended:
+            if not stream.trailers:
+                h2conn.end_stream(sid)
+            self._end(stream, out)
+
+    def _wait_for_window(self, stream: Http2Stream) -> None:
+        """``stream`` has bytes its window does not let out: it waits, and its
+        write-stall clock runs until a WINDOW_UPDATE for it (see ``Http2Handler.read_timed_out``)."""
+        if connection_window(self._h2) <= 0:
+            stream.queued = True  # the connection window: retry on the next batch
+            self._ready.append(stream)
+        else:
+            stream.blocked = True  # its own window: retry on its WINDOW_UPDATE
+        if self._stalled.add(stream, trio.current_time()):
+            self._update_read_deadline()
+
+    def _end(self, stream: Http2Stream, out: list[bytes]) -> None:
+        """Everything of ``stream``'s body is in ``out``, with END_STREAM unless it has
+        trailers: those go now, a HEADERS frame with END_STREAM (through h2, whose state
+        machine trailers take)."""
+        if stream.trailers:
+            self._h2.send_headers(stream.stream_id, list(stream.trailers), end_stream=True)
+            out.append(self._h2.data_to_send())
+        self._done(stream, out)
+
+    def _done(self, stream: Http2Stream, out: list[bytes]) -> None:
+        """The last frame of ``stream``'s response is in ``out``."""
+        if stream.reset_when_done:
+            self._h2.reset_stream(stream.stream_id, ErrorCodes.NO_ERROR)
+            out.append(self._h2.data_to_send())
+        del self._streams[stream.stream_id]
+        self._stalled.discard(stream)
+        self._t.tracker.request_served()
+        self._closed()
+        stream.finish()
+
+    def flushed(self) -> None:
+        sent, self._sent = self._sent, []
+        for stream in sent:
+            stream.flushed()
