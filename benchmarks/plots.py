@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import matplotlib.ticker
 
-__all__ = ["ceiling", "fidelity", "memory", "metrics", "throughput"]
+__all__ = ["ceiling", "fidelity", "memory", "metrics", "soak_rss", "throughput"]
 
 _MS_TICKS = (0, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000)
 
@@ -135,3 +135,18 @@ def _label(axis: Any, bars: Any, ratios: Sequence[float]) -> None:
 
 def _ms(seconds: float | None) -> float:
     return math.nan if seconds is None else seconds * 1000
+
+
+def soak_rss(curve: list[tuple[float, int]], flat: bool, path: Path) -> None:
+    """The soak scenario's RSS curve (seconds, bytes), titled with its verdict."""
+    figure, axis = plt.subplots(figsize=(9, 4))
+    axis.plot([t for t, _ in curve], [rss / 2**20 for _, rss in curve], marker=".")
+    axis.set_xlabel("seconds")
+    axis.set_ylabel("server RSS (MiB)")
+    axis.set_ylim(bottom=0)
+    axis.set_title(f"llmsim native under a steady HTTP/2 load: RSS {'levels off' if flat else 'keeps growing'}")
+    axis.grid(True, alpha=0.3)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    plt.close(figure)

@@ -17,13 +17,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from pathlib import Path
 from typing import Any
-
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 
 from benchmarks.loadgen.runner import LoadSpec, run_load
 from benchmarks.loadgen.stats import summarize
@@ -109,7 +103,9 @@ def soak(options: Options, *, duration: float, streams: int, sample_every: float
         ],
     )
     write_json(options.results_dir, "soak", payload)
-    _plot(curve, flat, options.results_dir / "soak.png")
+    from benchmarks import plots  # matplotlib only when a soak runs (its verdict is tested without it)
+
+    plots.soak_rss(curve, flat, options.results_dir / "soak.png")
     return payload
 
 
@@ -135,20 +131,6 @@ def levels_off(curve: list[tuple[float, int]]) -> tuple[bool, float, float]:
     var = sum((t - mean_t) ** 2 for t, _ in half)
     slope = sum((t - mean_t) * (r - mean_r) for t, r in half) / var if var else 0.0
     return growth < max(LEVEL_SHARE * half[0][1], LEVEL_BYTES), growth, slope * 60 / 2**20
-
-
-def _plot(curve: list[tuple[float, int]], flat: bool, path: Path) -> None:
-    figure, axis = plt.subplots(figsize=(9, 4))
-    axis.plot([t for t, _ in curve], [rss / 2**20 for _, rss in curve], marker=".")
-    axis.set_xlabel("seconds")
-    axis.set_ylabel("server RSS (MiB)")
-    axis.set_ylim(bottom=0)
-    axis.set_title(f"llmsim native under a steady HTTP/2 load: RSS {'levels off' if flat else 'keeps growing'}")
-    axis.grid(True, alpha=0.3)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
 
 
 def main() -> None:
