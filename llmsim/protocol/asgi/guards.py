@@ -126,7 +126,7 @@ class ContainedTCPServer(hypercorn.trio.tcp_server.TCPServer):
                 "hypercorn raised %s on one connection; that connection was closed, the server runs on "
                 "(a hypercorn bug: docs/abuse.md; later ones are logged at debug level)",
                 kind,
-                exc_info=exc if level == logging.DEBUG else None,
+                exc_info=exc,  # the first of each kind carries the traceback too: it is the one to report
             )
 
 
