@@ -58,12 +58,13 @@ def main() -> int:
     snapshots = SnapshotDir(Path(spec.directory))
 
     def setup(sim: Simulator) -> None:  # once per --data-parallel-size rank
-        rank = sim.config.kv_events.data_parallel_rank or 0
+        rank = sim.config.kv_events.rank or 0  # llm-d's -1 (unset) is rank 0 here too
         share_with_peers(sim.ctx, partial(snapshots.peers, exclude=spec.index, rank=rank))
         sim.beside_engine.append(partial(_publish, sim, snapshots, spec.index, rank))
         if rank == 0:
             sim.beside_engine.append(_watch_supervisor)
-        sim.app = with_headers(sim.app, answer_headers(os.environ, spec.config.server.port, spec.index))
+        # the pod headers: the Simulator adds them already
+        sim.app = with_headers(sim.app, answer_headers({}, spec.config.server.port, spec.index))
 
     return run_server(spec.config, setup=setup, announce=partial(_announce, control, spec.index))
 
