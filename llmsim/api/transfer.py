@@ -46,9 +46,10 @@ import attrs
 from llmsim.api.context import ApiContext, Call
 from llmsim.api.errors import ApiError
 from llmsim.api.structure import error_input, request_validation_error
+from llmsim.api.turns import TurnPlan
+from llmsim.model.text import FinishReason
 
 if TYPE_CHECKING:  # the render family imports the chat and completions routes, which import this
-    from llmsim.api.chat.request import ChatMessage
     from llmsim.api.render.features import MediaItem
 
 __all__ = [
@@ -59,7 +60,6 @@ __all__ = [
     "ec_transfer_params",
     "forced_cache_threshold",
     "job_threshold",
-    "media_hashes",
     "prefill_transfer_params",
 ]
 
@@ -75,9 +75,6 @@ _EC_PLACEHOLDER = {
     "size_bytes": 2359296,
     "nixl_agent_metadata_b64": base64.b64encode(b"NIXL_METADATA_PLACEHOLDER").decode(),
 }
-#: The hash prefix of each modality (llm-d's ``stubMMFeaturesForMessages``, as
-#: :mod:`llmsim.api.render.features` names the items).
-_HASH_PREFIX = {"image": "img", "audio": "audio", "video": "video"}
 
 
 @attrs.frozen
@@ -98,6 +95,16 @@ class KvTransfer:
         """llm-d-inference-sim's 400 for a streamed prefill (helpers.go:76-79)."""
         if self.remote_decode and streaming:
             raise ApiError(400, "Prefill does not support streaming")
+
+    def finish(self, turns: list[TurnPlan]) -> list[TurnPlan]:
+        """The planned turns, each finishing ``remote_decode`` on a prefill pod."""
+        if not self.remote_decode:
+            return turns
+        return [attrs.evolve(turn, finish_reason=FinishReason.REMOTE_DECODE) for turn in turns]
+
+    def response_params(self) -> dict[str, object] | None:
+        """The answer's ``kv_transfer_params``: a prefill pod's placeholder, else None."""
+        return prefill_transfer_params() if self.remote_decode else None
 
 
 def prefill_transfer_params() -> dict[str, object]:
@@ -152,19 +159,6 @@ def job_threshold(
     return options.global_cache_hit_threshold if options.global_cache_hit_threshold > 0 else None
 
 
-def media_hashes(items: Sequence[MediaItem]) -> list[str]:
-    """The items' hashes as the render endpoints name them
-    (``sim_<img|audio|video>_<index in its modality>_<FNV-1a 32 hex>``)."""
-    from llmsim.api.render.features import fnv1a_32  # here: an import cycle at the top (see above)
-
-    seen: dict[str, int] = {}
-    hashes = []
-    for item in items:
-        index = seen[item.modality] = seen.get(item.modality, -1) + 1
-        hashes.append(f"sim_{_HASH_PREFIX[item.modality]}_{index}_{fnv1a_32(item.source):x}")
-    return hashes
-
-
 def ec_transfer_params(ctx: ApiContext, hashes: Iterable[str]) -> dict[str, object] | None:
     """An encoder pod's ``ec_transfer_params``, one placeholder per item hash; None when
     not ``--mm-encoder-only`` or without items (Go's nil map)."""
@@ -174,11 +168,11 @@ def ec_transfer_params(ctx: ApiContext, hashes: Iterable[str]) -> dict[str, obje
     return params or None
 
 
-def chat_ec_transfer_params(ctx: ApiContext, messages: Sequence[ChatMessage]) -> dict[str, object] | None:
-    """A chat request's ``ec_transfer_params``: its media blocks' (chat_completion.go:107-112);
-    with ``--mm-encoder-only`` a bad base64 block is a 400, as the render endpoint's."""
+def chat_ec_transfer_params(ctx: ApiContext, media: Sequence[MediaItem]) -> dict[str, object] | None:
+    """A chat request's ``ec_transfer_params``: its media blocks' (chat_completion.go:107-112),
+    ``media`` as :func:`llmsim.api.render.sources.chat_media` read (and checked) them."""
     if not ctx.engine.options.mm_encoder_only:
         return None
-    from llmsim.api.render.sources import chat_media  # here: an import cycle at the top (see above)
+    from llmsim.api.render.features import media_hashes  # here: an import cycle at the top (see above)
 
-    return ec_transfer_params(ctx, media_hashes(chat_media(messages)))
+    return ec_transfer_params(ctx, media_hashes(media))

@@ -188,11 +188,7 @@ class Engine(Admission, Timetable):
             self._compact_waiting()
             return
         before = self.next_deadline()
-        if previous is JobState.PREFILL:
-            self._prefill.discard(job)
-        self._release(job)
-        if previous is JobState.DECODING:
-            self._decoding -= 1
+        self._vacate(job, previous)
         self._fill_slots(now)
         self._wake_if_earlier(before)
 
@@ -298,12 +294,8 @@ class Engine(Admission, Timetable):
         self._waiting.clear()
         self._waiting_count = 0
         for job in jobs:
-            if job.state is _PREFILL:
-                self._prefill.discard(job)
             if job.state is not JobState.WAITING:
-                self._release(job)
-                if job.state is _DECODING:
-                    self._decoding -= 1
+                self._vacate(job, job.state)
             end(job, reason, now)
             self._finished += 1
             self.metrics.aborted(job, now)
@@ -325,6 +317,15 @@ class Engine(Admission, Timetable):
             late_steps=self._late_steps,
             max_lateness=self._max_lateness,
         )
+
+    def _vacate(self, job: Job, state: JobState) -> None:
+        """Take ``job``, admitted and in ``state`` (prefill or decoding), off its slot:
+        out of the prefill queue, its slot and blocks given back (cancel, abort)."""
+        if state is _PREFILL:
+            self._prefill.discard(job)
+        self._release(job)
+        if state is _DECODING:
+            self._decoding -= 1
 
     # --- pacing ----------------------------------------------------------------------------
 

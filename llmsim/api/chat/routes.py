@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import attrs
-
 from llmsim.api.chat.render import ChatStreamRenderer, chat_completion_body
 from llmsim.api.chat.request import (
     ChatCompletionRequest,
@@ -35,11 +33,10 @@ from llmsim.api.transfer import (
     check_cache_hit_threshold,
     forced_cache_threshold,
     job_threshold,
-    prefill_transfer_params,
 )
 from llmsim.api.turns import TurnPlan
 from llmsim.api.usage import ChunkUsage, UsageStyle
-from llmsim.model.text import FinishReason
+from llmsim.engine.kv_hashing import MultimodalItem
 from llmsim.model.tools import NamedToolChoice, ToolSpec
 
 __all__ = ["chat_completions", "register"]
@@ -66,7 +63,10 @@ async def chat_completions(call: Call) -> None:
     from llmsim.api.render.sources import chat_media
 
     # read once, with the render's checks (bad base64 is a 400, as when vLLM loads it)
-    media = kv_multimodal(ctx.tokenizer, chat_turns(request.messages, request.tools), chat_media(request.messages))
+    media_items = chat_media(request.messages)
+    media: tuple[MultimodalItem, ...] = ()  # turns built only for media (request_prompt_ids made their 400s)
+    if media_items:
+        media = kv_multimodal(ctx.tokenizer, chat_turns(request.messages, request.tools), media_items)
     max_tokens = request.requested_max_tokens
     check_context_length(
         ctx.model.max_model_len, len(prompt_ids), max_tokens, max_tokens_param=request.max_tokens_param
@@ -78,8 +78,7 @@ async def chat_completions(call: Call) -> None:
     echo_text = last_user_text(request.messages)
     calling = bool(tools) and request.effective_tool_choice != "none"
     turns = _plan_turns(ctx, request, tools if calling else [], identity.request_id, prompt_ids, echo_text, structured)
-    if transfer.remote_decode:
-        turns = [attrs.evolve(turn, finish_reason=FinishReason.REMOTE_DECODE) for turn in turns]
+    turns = transfer.finish(turns)
     threshold = job_threshold(ctx, request.cache_hit_threshold, forced=forced_cache_threshold(call), transfer=transfer)
     plan = GenerationPlan(
         identity.request_id,
@@ -128,7 +127,7 @@ async def chat_completions(call: Call) -> None:
         )
         await stream(call, plan, renderer, identity.headers, refusal=refusal)
         return
-    ec_params = chat_ec_transfer_params(ctx, request.messages)
+    ec_params = chat_ec_transfer_params(ctx, media_items)
     jobs = await collect(call, plan, refusal=refusal)
     body = chat_completion_body(
         response_id=identity.response_id,
@@ -142,7 +141,7 @@ async def chat_completions(call: Call) -> None:
         usage_style=usage_style,
         forced_tool_calls=calling and request.effective_tool_choice != "auto",
         stop_reasons=stop_reasons,
-        kv_transfer_params=prefill_transfer_params() if transfer.remote_decode else None,
+        kv_transfer_params=transfer.response_params(),
         ec_transfer_params=ec_params,
     )
     call.respond(200, body, (*JSON_HEADERS, *identity.headers))

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import attrs
-
 from llmsim.api.completions.render import CompletionStreamRenderer, completion_body
 from llmsim.api.completions.request import CompletionRequest, check_suffix, parse_completion_request
 from llmsim.api.context import ApiContext, Call
@@ -24,10 +22,8 @@ from llmsim.api.transfer import (
     check_cache_hit_threshold,
     forced_cache_threshold,
     job_threshold,
-    prefill_transfer_params,
 )
 from llmsim.api.usage import ChunkUsage, UsageStyle
-from llmsim.model.text import FinishReason
 
 __all__ = ["completions", "register"]
 
@@ -71,8 +67,7 @@ async def completions(call: Call) -> None:
         stop=stop_rule(request),
         prompt_ids=[prompt.token_ids for prompt in prompts],
     )
-    if transfer.remote_decode:
-        turns = [attrs.evolve(turn, finish_reason=FinishReason.REMOTE_DECODE) for turn in turns]
+    turns = transfer.finish(turns)
     stop_reasons = [turn.stop_reason for turn in turns]
     threshold = job_threshold(ctx, request.cache_hit_threshold, forced=forced_cache_threshold(call), transfer=transfer)
     plan = GenerationPlan(
@@ -122,7 +117,7 @@ async def completions(call: Call) -> None:
         fingerprint=ctx.model.system_fingerprint,
         usage_style=usage_style,
         stop_reasons=stop_reasons,
-        kv_transfer_params=prefill_transfer_params() if transfer.remote_decode else None,
+        kv_transfer_params=transfer.response_params(),
     )
     call.respond(200, body, (*JSON_HEADERS, *identity.headers))
 

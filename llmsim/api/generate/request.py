@@ -24,7 +24,7 @@ import attrs
 
 from llmsim.api.errors import ApiError, validation_error
 from llmsim.api.request_fields import SamplingFields, StreamOptions, check_sampling_fields
-from llmsim.api.structure import FieldTypeError, converter, error_input, request_validation_error, structure
+from llmsim.api.structure import error_input, request_validation_error, structure
 
 __all__ = ["Features", "GenerateRequest", "GenerateSamplingParams", "Placeholder", "parse_generate_request"]
 
@@ -94,16 +94,6 @@ class GenerateRequest:
         extra = self.sampling_params.extra_args or {}
         found = extra.get("kv_transfer_params")
         return found if isinstance(found, dict) else None
-
-
-def _structure_object(value: object, _: type) -> dict[str, Any]:
-    """A JSON object (pydantic's ``dict_type`` error for anything else)."""
-    if not isinstance(value, dict):
-        raise FieldTypeError("an object", value)
-    return value
-
-
-converter.register_structure_hook_func(lambda t: t == dict[str, Any], _structure_object)
 
 
 def parse_generate_request(body: dict[str, Any], vocab_size: int) -> GenerateRequest:

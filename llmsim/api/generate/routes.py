@@ -23,8 +23,6 @@ reads no header for it.
 
 from __future__ import annotations
 
-import attrs
-
 from llmsim.api.context import ApiContext, Call
 from llmsim.api.errors import JSON_HEADERS, ApiError
 from llmsim.api.failures import check_injected_failure
@@ -38,11 +36,10 @@ from llmsim.api.prompts import check_prompt_length
 from llmsim.api.render.gate import require_scale_out
 from llmsim.api.router import Router
 from llmsim.api.stops import StopRule
-from llmsim.api.transfer import KvTransfer, ec_transfer_params, job_threshold, prefill_transfer_params
+from llmsim.api.transfer import KvTransfer, ec_transfer_params, job_threshold
 from llmsim.api.turns import TurnPlan
 from llmsim.api.usage import UsageStyle
 from llmsim.engine.kv_hashing import MultimodalItem
-from llmsim.model.text import FinishReason
 
 __all__ = ["generate", "register"]
 
@@ -75,8 +72,7 @@ async def generate(call: Call) -> None:
         stop=_stop_rule(request),
         prompt_ids=(prompt,),  # dataset mode: the rows of this prompt (as chat's, for a rendered chat prompt)
     )
-    if transfer.remote_decode:
-        turns = [attrs.evolve(turn, finish_reason=FinishReason.REMOTE_DECODE) for turn in turns]
+    turns = transfer.finish(turns)
     threshold = job_threshold(ctx, None, forced=False, transfer=transfer)
     prompt_plan = PromptPlan(
         prompt,
@@ -104,7 +100,7 @@ async def generate(call: Call) -> None:
         model=model,
         created=int(ctx.wall_clock()),
         jobs=jobs,
-        kv_transfer_params=prefill_transfer_params() if transfer.remote_decode else None,
+        kv_transfer_params=transfer.response_params(),
         # an encoder pod's, per mm hash of the request's features (generate.go:86-89)
         ec_transfer_params=ec_transfer_params(ctx, _mm_hashes(request)),
     )

@@ -34,7 +34,7 @@ from llmsim.api.prompts import MEDIA
 from llmsim.engine.kv_hashing import MultimodalItem
 from llmsim.model.tokenizer import ChatTurn, Tokenizer
 
-__all__ = ["MediaItem", "check_media_data", "kv_multimodal", "mm_features"]
+__all__ = ["MediaItem", "check_media_data", "kv_multimodal", "media_hashes", "mm_features"]
 
 #: The hash prefix llm-d-inference-sim gives each modality (tokenizer.go:140-157).
 _HASH_PREFIX = {"image": "img", "audio": "audio", "video": "video"}
@@ -110,16 +110,23 @@ def _described(
 ) -> list[tuple[str, str, dict[str, int]]]:
     """Per item, in order: its modality, its hash and its placeholder span."""
     ends = list(itertools.accumulate(map(len, tokenizer.tokenize(prompt_text))))
-    counts: dict[str, int] = {}
     described = []
     cursor = 0
-    for item in items:
-        modality = item.modality
-        index = counts[modality] = counts.get(modality, -1) + 1
-        digest = f"sim_{_HASH_PREFIX[modality]}_{index}_{fnv1a_32(item.source):x}"
-        span, cursor = _token_span(ends, prompt_text, MEDIA[modality], cursor)
-        described.append((modality, digest, span))
+    for item, digest in zip(items, media_hashes(items), strict=True):
+        span, cursor = _token_span(ends, prompt_text, MEDIA[item.modality], cursor)
+        described.append((item.modality, digest, span))
     return described
+
+
+def media_hashes(items: Sequence[MediaItem]) -> list[str]:
+    """The items' hashes as the render endpoints name them
+    (``sim_<img|audio|video>_<index in its modality>_<FNV-1a 32 hex>``)."""
+    seen: dict[str, int] = {}
+    hashes = []
+    for item in items:
+        index = seen[item.modality] = seen.get(item.modality, -1) + 1
+        hashes.append(f"sim_{_HASH_PREFIX[item.modality]}_{index}_{fnv1a_32(item.source):x}")
+    return hashes
 
 
 def _token_span(ends: list[int], text: str, marker: str, cursor: int) -> tuple[dict[str, int], int]:
