@@ -30,15 +30,16 @@ from llmsim.engine.scheduler import Engine
 from llmsim.kv_events import KvEventsPublisher, pod_ip, publisher_settings
 from llmsim.model.text import TextGenerator
 from llmsim.model.tokenizer import Tokenizer, load_tokenizer
+from llmsim.step_timer import StepTimer
 from llmsim.workers.headers import answer_headers, with_headers
 
 __all__ = ["STEP_QUANTUM", "Simulator", "build_engine", "build_router"]
 
 #: The engine task's step grid (seconds; the engine rounds it to divide the inter-token
-#: latency).  Every token is handed out at the first grid time at or after its
-#: deadline: at most this late, half of it on average, and with a grid that divides
-#: the ITL every token of a job is late by the same amount, so ITLs stay exact.
-#: Measured in docs/performance.md ("Engine steps at scale").
+#: latency).  Every token is handed out at the grid time nearest its deadline: at most
+#: half of this early or late, on time on average, and with a grid that divides the ITL
+#: every token of a job is off by the same amount, so ITLs stay exact.  Measured in
+#: docs/performance.md ("Engine steps at scale", "Low-load bias").
 STEP_QUANTUM = 0.002
 
 
@@ -175,32 +176,41 @@ class Simulator:
 
         Steps are coalesced onto a grid of about :data:`STEP_QUANTUM` (see
         :meth:`Engine.set_step_quantum`), so one step serves every job due within it.
+        The sleep ends on a :class:`~llmsim.step_timer.StepTimer` where there is one:
+        trio's own deadline would wake it up to a millisecond late (the timer's module
+        says why); the cancel scope's deadline stays as the fallback.
         ``hold_writes`` and ``release_writes`` bracket every step: the native server
         sends what a step wrote once it is over, connection by connection, from this
         task (see ``llmsim.protocol.native.connection.WriteCoalescer``).
         """
         engine = self.engine
-        wakeup = trio.Event()
+        sleeping: trio.CancelScope | None = None
 
         def wake() -> None:
-            wakeup.set()
+            if sleeping is not None:
+                sleeping.cancel()
 
         engine.set_wakeup(wake)
         engine.set_step_quantum(STEP_QUANTUM)
-        while True:
-            wakeup = trio.Event()
-            deadline = engine.next_deadline()
-            now = trio.current_time()
-            if deadline <= now:
-                hold_writes()
-                try:
-                    engine.step(now)
-                finally:
-                    release_writes()
-                await trio.lowlevel.checkpoint()
-                continue
-            if math.isinf(deadline):
-                await wakeup.wait()
-            else:
-                with trio.move_on_at(deadline):
-                    await wakeup.wait()
+        timer = StepTimer.open()
+        try:
+            while True:
+                deadline = engine.next_deadline()
+                now = trio.current_time()
+                if deadline <= now:
+                    hold_writes()
+                    try:
+                        engine.step(now)
+                    finally:
+                        release_writes()
+                    await trio.lowlevel.checkpoint()
+                    continue
+                with trio.CancelScope(deadline=deadline) as sleeping:
+                    if timer is None or math.isinf(deadline):
+                        await trio.sleep_forever()
+                    else:
+                        await timer.sleep_until(deadline)
+                sleeping = None
+        finally:
+            if timer is not None:
+                timer.close()

@@ -68,8 +68,11 @@ class ApiContext:
     loras: LoraRegistry = attrs.field(init=False)  # the served LoRA adapters (llmsim/api/lora/)
     # Protocol faults injected (x-llmsim-fault, --fault): the native server counts, /metrics reads.
     injected_faults: InjectedFaults = attrs.field(factory=InjectedFaults, init=False)
+    #: ``model.system_fingerprint``, hashed once (the model options never change).
+    system_fingerprint: str = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
+        self.system_fingerprint = self.model.system_fingerprint
         self._id_rng = random.Random(self.model.seed)
         self.loras = LoraRegistry(self.model.model_names, self.model.lora_adapters, enabled=self.model.lora_enabled)
         self.failure_rng = random.Random(None if self.model.seed is None else f"failures:{self.model.seed}")

@@ -37,7 +37,7 @@ from llmsim.api.errors import ApiError
 from llmsim.api.http import Headers, ResponseStream
 from llmsim.api.plan import GenerationPlan
 from llmsim.api.request_fields import check_n_limit
-from llmsim.api.sse import SSE_HEADERS
+from llmsim.api.sse import SSE_HEADERS, PlainTokens, escape, escaped_piece
 from llmsim.engine.errors import QueueFullError, QueueLimit
 from llmsim.engine.job import Job, JobSink, JobState, RequestGroup
 from llmsim.engine.scheduler import Engine
@@ -63,6 +63,7 @@ __all__ = [
 log = logging.getLogger("llmsim.api")
 
 _FINISHED = JobState.FINISHED  # a module global: enum member lookups cost on the per-token path
+_DECODING = JobState.DECODING
 
 
 @attrs.frozen
@@ -201,6 +202,10 @@ class StreamRenderer(Protocol):
     def tail(self, jobs: Sequence[Job]) -> bytes:
         """The events after the last job finished (usage, ``[DONE]``...)."""
 
+    def plain_tokens(self) -> PlainTokens | None:
+        """How :meth:`render` renders one token in the middle of a choice, if every such
+        token is one event around its escaped text (then the sink builds it itself)."""
+
     def error(self, error: ApiError) -> bytes:
         """The in-band error event(s) that end a stream which failed after it began."""
 
@@ -227,6 +232,10 @@ class StreamingSink:
 
     Backpressure: when the write finds the client's buffer full the job is paused
     (``on_output`` returns False) and resumed through ``resume`` once it drained.
+
+    The per-token case (one token in the middle of a choice, on a renderer with
+    :class:`~llmsim.api.sse.PlainTokens`) is built here, without a call into the
+    renderer: exactly the bytes its ``render`` would return.
     """
 
     def __init__(
@@ -244,11 +253,23 @@ class StreamingSink:
         self._resume = resume
         self._finished: list[Job] = []
         self._paused: list[Job] = []
+        plain = renderer.plain_tokens()
+        self._token_opens = plain.opens if plain is not None else None
+        self._token_close = plain.close if plain is not None else b""
 
     def on_output(self, job: Job, start: int, stop: int, now: float) -> bool:
         if self._ended:
             return True  # the stream already ended in error; the handler cancels the rest
         try:
+            opens = self._token_opens
+            if opens is not None and start and stop - start == 1 and job.state is _DECODING:
+                text = job.output[start]
+                escaped = escaped_piece(text)
+                data = opens[job.index] + (escaped if escaped is not None else escape(text)) + self._token_close
+                if self._response.write(data):
+                    return True
+                self._pause(job)
+                return False
             data = self._renderer.render(job, start, stop)
             if job.state is _FINISHED:
                 self._finish(job, data)
@@ -299,20 +320,28 @@ class StreamingSink:
 
 
 class SubmittedJobs:
-    """``with SubmittedJobs(engine, jobs, clock):`` submits every job, all or none: a
-    full waiting queue is a 429.  On exit, however it happens, every job that has not
-    finished is cancelled (freeing its slot).
+    """``with SubmittedJobs(engine, jobs, clock, arrival):`` submits every job, all or
+    none: a full waiting queue is a 429.  On exit, however it happens, every job that
+    has not finished is cancelled (freeing its slot).
+
+    ``arrival`` is when the request's first bytes arrived (``HttpRequest.received_at``;
+    None: now).  The jobs arrive then, so that the TTFT a client measures does not
+    include what reading, parsing and planning took; vLLM's metrics follow (TTFT and
+    e2e count from it, queue time stays 0 while a slot is free: see ``Engine.submit``).
 
     A class rather than a generator-based ``@contextmanager``: it runs once per
     request, and the generator machinery cost more than the submitting.
     """
 
-    __slots__ = ("_clock", "_engine", "_jobs")
+    __slots__ = ("_arrival", "_clock", "_engine", "_jobs")
 
-    def __init__(self, engine: Engine, jobs: Sequence[Job], clock: Callable[[], float]) -> None:
+    def __init__(
+        self, engine: Engine, jobs: Sequence[Job], clock: Callable[[], float], arrival: float | None = None
+    ) -> None:
         self._engine = engine
         self._jobs = jobs
         self._clock = clock
+        self._arrival = arrival
 
     def __enter__(self) -> None:
         try:
@@ -326,6 +355,8 @@ class SubmittedJobs:
 
     def _submit(self) -> None:
         submit, now = self._engine.submit, self._clock()
+        if self._arrival is not None and self._arrival < now:
+            now = self._arrival
         try:
             for job in self._jobs:
                 submit(job, now)
@@ -362,7 +393,7 @@ async def stream(
 
     sink = StreamingSink(response, renderer, len(plan.choices), resume)
     jobs = build_jobs(plan, sink, request_adapter())
-    with SubmittedJobs(ctx.engine, jobs, ctx.clock), request_log.logged(ctx, plan, jobs):
+    with SubmittedJobs(ctx.engine, jobs, ctx.clock, call.request.received_at), request_log.logged(ctx, plan, jobs):
         response.start(200, (*SSE_HEADERS, *headers))
         head = renderer.head()
         if head:
@@ -389,6 +420,6 @@ async def collect(call: Call, plan: GenerationPlan, *, refusal: ApiError | None 
     ctx = call.ctx
     sink = CollectingSink(len(plan.choices))
     jobs = build_jobs(plan, sink, request_adapter())
-    with SubmittedJobs(ctx.engine, jobs, ctx.clock), request_log.logged(ctx, plan, jobs):
+    with SubmittedJobs(ctx.engine, jobs, ctx.clock, call.request.received_at), request_log.logged(ctx, plan, jobs):
         await sink.done.wait()
     return jobs

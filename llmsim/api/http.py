@@ -169,6 +169,10 @@ class HttpRequest:
     body: bytes = b""
     http_version: str = "1.1"
     scheme: str = "http"
+    # When its first bytes arrived, on trio's clock (the engine's): the read that held the
+    # request line / HEADERS frame, or the ASGI call.  A generated answer's TTFT counts
+    # from here, not from after reading, parsing and planning.  None: not known (now).
+    received_at: float | None = None
 
     def header(self, name: str) -> str | None:
         """The first value of header ``name`` (case-insensitive), decoded as latin-1."""

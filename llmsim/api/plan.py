@@ -22,9 +22,10 @@ one of the choices — token by token, cut at the cap like any text.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -35,6 +36,7 @@ from llmsim.api.tool_support import planning_errors
 from llmsim.api.turns import TOOL_CALL, Block, TurnPlan, text_blocks
 from llmsim.engine.job import Job
 from llmsim.engine.kv_hashing import MultimodalItem
+from llmsim.model.drawn import EAGER_UP_TO
 from llmsim.model.text import FinishReason
 from llmsim.model.tools import CompiledSchema, arguments_json
 from llmsim.schema.regex import StringPattern
@@ -135,10 +137,13 @@ def plan_text(
     echo_text: str,
     min_tokens: int = 0,
     prompt_ids: Sequence[int] = (),
+    lazy: Callable[[], random.Random] | None = None,
 ) -> TurnPlan:
     """A text turn from the text generator (its length rules, its finish reason;
     ``prompt_ids`` pick the answer in dataset mode); an encoder pod's ``"!"`` turn with
-    ``--mm-encoder-only``."""
+    ``--mm-encoder-only``.  ``lazy`` makes ``rng`` afresh, and nothing is drawn from
+    ``rng`` after this: a long text may be drawn as the engine hands it out
+    (``TextGenerator.generate``)."""
     if ctx.engine.options.mm_encoder_only:
         return _encoder_only_turn(ctx, prompt_tokens, max_tokens)
     text = ctx.text.generate(
@@ -149,6 +154,7 @@ def plan_text(
         echo_text=echo_text,
         min_tokens=min_tokens,
         prompt_ids=prompt_ids,
+        lazy=lazy,
     )
     return TurnPlan(text.pieces, text.token_ids, text.finish_reason, text_blocks(len(text.pieces)))
 
@@ -174,9 +180,11 @@ def plan_answer(
     echo_text: str,
     min_tokens: int,
     prompt_ids: Sequence[int] = (),
+    lazy: Callable[[], random.Random] | None = None,
 ) -> TurnPlan:
     """A choice's answer in text: constrained by ``structured`` when the request asks for
-    structured output, else free text (with its length rules and ``min_tokens``)."""
+    structured output, else free text (with its length rules and ``min_tokens``;
+    ``lazy``: see :func:`plan_text`)."""
     if structured is not None:
         return plan_structured(
             ctx, rng, structured, prompt_tokens=prompt_tokens, cap=cap, ignore_eos=ignore_eos, echo_text=echo_text
@@ -190,6 +198,7 @@ def plan_answer(
         echo_text=echo_text,
         min_tokens=min_tokens,
         prompt_ids=prompt_ids,
+        lazy=lazy,
     )
 
 
@@ -218,7 +227,8 @@ def plan_text_choices(
             if cap < 1:  # no room at all: only completions' echo without generation gets here
                 turns.append(TurnPlan((), (), FinishReason.LENGTH, text_blocks(0)))
                 continue
-            rng = ctx.rng_for(request_id, prompt_index * choices_per_prompt + k)
+            index = prompt_index * choices_per_prompt + k
+            rng = ctx.rng_for(request_id, index)
             turn = plan_answer(
                 ctx,
                 rng,
@@ -230,6 +240,8 @@ def plan_text_choices(
                 echo_text=echo_text,
                 min_tokens=min_tokens,
                 prompt_ids=prompt_ids[prompt_index] if prompt_ids else (),
+                # rng is dropped after this: a long text may be drawn as it is read
+                lazy=functools.partial(ctx.rng_for, request_id, index) if cap > EAGER_UP_TO else None,
             )
             turns.append(finish_turn(ctx, turn, cap, stop))
     return turns

@@ -77,6 +77,8 @@ def chat_options(
     request is refused as vLLM refuses it without ``--trust-request-chat-template``
     (``validate_chat_template``, ``vllm/renderers/online_renderer.py:692-711``); the
     request's own flags win over ``chat_template_kwargs`` (``merge_kwargs``)."""
+    if chat_template is None and not chat_template_kwargs and add_generation_prompt and not continue_final_message:
+        return DEFAULT_CHAT_OPTIONS  # the usual request: nothing to build
     kwargs = chat_template_kwargs or {}
     if chat_template is not None or kwargs.get("chat_template") is not None:
         raise ApiError(

@@ -15,7 +15,9 @@ text is inserted, and escaping is cached per distinct piece, so no token costs a
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
+import attrs
 import orjson
 
 from llmsim.api.errors import ApiError
@@ -24,10 +26,12 @@ from llmsim.api.http import VERSION_HEADER
 __all__ = [
     "DONE_EVENT",
     "SSE_HEADERS",
+    "PlainTokens",
     "chunk_head",
     "error_events",
     "escape",
     "escape_uncached",
+    "escaped_piece",
     "event_bytes",
     "fingerprint_field",
     "json_bytes",
@@ -37,9 +41,24 @@ __all__ = [
 SSE_HEADERS: tuple[tuple[bytes, bytes], ...] = ((b"content-type", b"text/event-stream; charset=utf-8"), VERSION_HEADER)
 DONE_EVENT = b"data: [DONE]\n\n"
 
+
+@attrs.frozen
+class PlainTokens:
+    """How a stream renders a token in the middle of a choice when every such token is one
+    event around its escaped text: ``opens[choice index] + escape(piece) + close``.  A
+    renderer that says so lets the sink build those events itself, the per-token path
+    (``StreamingSink.on_output``)."""
+
+    opens: Sequence[bytes]
+    close: bytes
+
+
 _CACHE_LIMIT = 8192  # distinct pieces kept; the cache is dropped whole when full
 _CACHED_LENGTH = 64  # longer texts (echoed prompts) are escaped each time, never cached
 _escaped: dict[str, bytes] = {}
+#: ``escaped_piece(text)``: :func:`escape`'s cached result for ``text``, or None (then
+#: call :func:`escape`): one C call on the per-token path instead of a Python one.
+escaped_piece = _escaped.get
 
 
 def escape(text: str) -> bytes:

@@ -20,15 +20,20 @@ whole tokens.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
+from typing import TypeVar
 
 import attrs
 
 from llmsim.api.context import ApiContext
 from llmsim.api.request_fields import GenerationParams
 from llmsim.api.turns import TurnPlan, text_blocks
+from llmsim.model.drawn import DrawnTokens
 from llmsim.model.text import FinishReason
 
 __all__ = ["StopRule", "finish_turn", "hold_back", "stop_rule", "stop_turn", "with_eos"]
+
+T = TypeVar("T")
 
 
 def with_eos(ctx: ApiContext, turn: TurnPlan, cap: int) -> TurnPlan:
@@ -44,7 +49,16 @@ def with_eos(ctx: ApiContext, turn: TurnPlan, cap: int) -> TurnPlan:
         return attrs.evolve(turn, finish_reason=FinishReason.LENGTH)
     eos = ctx.text.eos
     whole = None if turn.whole_tokens is None else (*turn.whole_tokens, "")
-    return attrs.evolve(turn, pieces=(*turn.pieces, ""), token_ids=(*turn.token_ids, eos.token_id), whole_tokens=whole)
+    return attrs.evolve(
+        turn, pieces=_appended(turn.pieces, ""), token_ids=_appended(turn.token_ids, eos.token_id), whole_tokens=whole
+    )
+
+
+def _appended(tokens: Sequence[T], token: T) -> Sequence[T]:
+    """``tokens`` and then ``token`` (a long drawn text stays undrawn)."""
+    if isinstance(tokens, DrawnTokens):
+        return tokens.appended(token)
+    return (*tokens, token)
 
 
 @attrs.frozen

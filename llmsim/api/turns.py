@@ -9,6 +9,7 @@ planning (:mod:`llmsim.api.plan`) builds them; :mod:`llmsim.api.stops` ends them
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import attrs
 
@@ -33,19 +34,21 @@ class Block:
 
 @attrs.frozen
 class TurnPlan:
-    """What one choice says: one piece and one token id per token, cut into blocks."""
+    """What one choice says: one piece and one token id per token, cut into blocks.
+    (Tuples, or for a long text :class:`~llmsim.model.drawn.DrawnTokens`, drawn as the
+    engine hands them out.)"""
 
-    pieces: tuple[str, ...]
-    token_ids: tuple[int, ...] = attrs.field()
+    pieces: Sequence[str]
+    token_ids: Sequence[int] = attrs.field()
     finish_reason: str  # "stop", "length" or "tool_calls"
     blocks: tuple[Block, ...]
     stop_reason: str | int | None = None  # the stop string or stop token id that ended the turn
     #: each token's own text where the pieces (what a stream sends per token) differ from
     #: it: text held back or cut at a stop (:func:`~llmsim.api.stops.hold_back`, :func:`~llmsim.api.stops.stop_turn`)
-    whole_tokens: tuple[str, ...] | None = None
+    whole_tokens: Sequence[str] | None = None
 
     @token_ids.validator
-    def _one_id_per_piece(self, _: attrs.Attribute[tuple[int, ...]], token_ids: tuple[int, ...]) -> None:
+    def _one_id_per_piece(self, _: attrs.Attribute[Sequence[int]], token_ids: Sequence[int]) -> None:
         if len(token_ids) != len(self.pieces):
             raise ValueError(f"{len(self.pieces)} pieces but {len(token_ids)} token ids")
 
@@ -54,7 +57,7 @@ class TurnPlan:
         return self.finish_reason == FinishReason.LENGTH
 
     @property
-    def token_texts(self) -> tuple[str, ...]:
+    def token_texts(self) -> Sequence[str]:
         """Each token's own text, as logprobs name it (vLLM decodes the token id, not the
         streamed text: vllm/entrypoints/generate/base/serving.py:302-319)."""
         return self.pieces if self.whole_tokens is None else self.whole_tokens

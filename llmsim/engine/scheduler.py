@@ -25,15 +25,26 @@ one step are what the server flushes together.
 The step quantum.  Every distinct deadline would be a step of its own: with thousands
 of jobs at random phases, that is thousands of tiny steps per second, each one waking
 the writers of many connections.  :meth:`Engine.set_step_quantum` puts steps on a grid
-instead: a token due at ``d`` is handed out at the first grid time at or after ``d``
-(never before it), so one step serves every job due within one grid interval, and the
-driver wakes at most once per interval.  Deadlines themselves stay exact and chained,
-so the rounding never accumulates.  The grid interval divides the inter-token latency
-(20 ms with a 2 ms target: exactly 2 ms), so without jitter every token of a job is
-late by the same amount and the client sees the configured ITL exactly; TTFT is late by
-less than one interval (half of it on average).  Tokens already due (zero latency,
-catching up, a resume) are never held back for the grid.  Without a quantum (the
-default) every deadline is its own step time, exactly.
+instead: a token due at ``d`` is handed out at the grid time *nearest* ``d`` (see
+:mod:`llmsim.engine.grid`), so one step serves every job due within half an interval
+either side of it, and the driver wakes at most once per interval.  Deadlines
+themselves stay exact and chained, so the rounding never accumulates.
+
+Why the nearest grid time and not the next one: rounding up made every first token
+late by half an interval on average (+1 ms on a 2 ms grid, 1 to 2 % of a typical
+TTFT), a bias a client measures; rounding to the nearest makes the error of a TTFT
+uniform in ``[-grid/2, +grid/2]``, zero on average.  The price is that a token may go
+out up to half an interval before its deadline, which no client can tell from the
+network's own jitter, and never more: a step at ``now`` hands out only tokens whose
+grid time has come (:func:`~llmsim.engine.grid.grid_reach`), and a step that runs late
+catches up on what was due but takes nothing of the next grid time along.  (Rounding up
+and stepping half an interval early is the same rule with the grid shifted; rounding on
+the deadlines keeps ``step(now)`` honest about the time.)  The inter-token latency
+is not touched: the grid interval divides it (20 ms with a 2 ms target: exactly 2 ms),
+so without jitter every token of a job lands the same distance from its deadline and
+the client sees the configured ITL exactly.  Tokens already due (zero latency, catching
+up, a resume) are never held back for the grid.  Without a quantum (the default) every
+deadline is its own step time, exactly.
 
 Who holds a slot and who waits for one is :class:`~llmsim.engine.admission.Admission`'s
 part; where each job's next entry waits until its step time, the
@@ -50,7 +61,7 @@ from bisect import bisect_left
 from collections.abc import Callable
 
 from llmsim.engine.admission import CACHE_THRESHOLD, Admission
-from llmsim.engine.grid import GRID_TOLERANCE, step_grid
+from llmsim.engine.grid import GRID_SHIFT, grid_reach, step_grid
 from llmsim.engine.job import Job, JobState
 from llmsim.engine.kv_cache import BlockPool
 from llmsim.engine.latency import LatencyModel
@@ -149,6 +160,13 @@ class Engine(Admission, Timetable):
     def submit(self, job: Job, now: float) -> None:
         """Admit ``job`` if a slot is free and nobody waits, else queue it (FIFO).
 
+        ``now`` is the job's arrival time, which may lie a little before the engine's
+        last step: the server passes the time its request's first bytes arrived, so
+        that the TTFT a client measures does not include reading, parsing and planning
+        the request.  The job is admitted as of then (queue time 0 when a slot is free)
+        and its first token is due a TTFT later; one already due goes out at the next
+        step.
+
         Raises:
             QueueFullError: with ``QueueLimit.WAITING_QUEUE_LENGTH``: the waiting
                 queue is full (``max_waiting_queue_length``, llm-d-inference-sim's
@@ -209,7 +227,7 @@ class Engine(Admission, Timetable):
 
     def next_deadline(self) -> float:
         """Absolute time of the next step (the next due deadline, or with a step
-        quantum the grid time it rounds up to); ``math.inf`` when nothing is due
+        quantum the grid time nearest it); ``math.inf`` when nothing is due
         (or while paused with :attr:`PauseState.PAUSED_ALL`, but for jobs ended at admission)."""
         if self._pause_state is PauseState.PAUSED_ALL:
             return self._ended_time  # jobs ended just before the freeze still get their answer
@@ -233,8 +251,9 @@ class Engine(Admission, Timetable):
         return period_end if period_end < first else first
 
     def step(self, now: float) -> None:
-        """Do everything due at or before ``now``, calling the jobs' sinks (while paused
-        with :attr:`PauseState.PAUSED_ALL`, only the answers of jobs ended at admission)."""
+        """Do everything due at or before ``now`` (with a step quantum: every token whose
+        grid time has come), calling the jobs' sinks (while paused with
+        :attr:`PauseState.PAUSED_ALL`, only the answers of jobs ended at admission)."""
         earliest = self._deliver_ended(now)
         if self._pause_state is PauseState.PAUSED_ALL:
             return
@@ -244,6 +263,7 @@ class Engine(Admission, Timetable):
             for job, prefilled_at in self._prefill.run_due(now, self._decoding):
                 self._schedule(job, max(job.deadline, prefilled_at), now)
         self._horizon = now
+        reach = grid_reach(now, self._grid, self._inverse_grid)
         try:
             if self._ready:
                 ready, ready_time = self._ready, self._ready_time
@@ -251,14 +271,14 @@ class Engine(Admission, Timetable):
                     earliest = ready_time
                 self._ready = []
                 self._ready_time = math.inf
-                self._run(ready, READY, now, ready_time)
+                self._run(ready, READY, now, ready_time, reach)
             times = self._times
             buckets = self._buckets
             while times and times[0] <= now:
                 time = heapq.heappop(times)
                 if time < earliest:
                     earliest = time
-                self._run(buckets.pop(time), time, now, time)
+                self._run(buckets.pop(time), time, now, time, reach)
         finally:
             self._horizon = -math.inf
             self.metrics.step_done(self._generated_tokens - generated_before)
@@ -345,10 +365,10 @@ class Engine(Admission, Timetable):
         else:
             self._schedule(job, job.deadline, now)
 
-    def _run(self, jobs: list[Job], time: float, now: float, due: float) -> None:
+    def _run(self, jobs: list[Job], time: float, now: float, due: float, reach: float) -> None:
         """Advance every live job of one bucket (or of the ready list, due since
-        ``due``): hand each one every token due by ``now`` (up to the per-step cap),
-        give it its next entry, and call its sink.
+        ``due``): hand each one every token due by ``reach`` (see :func:`grid_reach`;
+        up to the per-step cap), give it its next entry, and call its sink.
 
         This is the per-token path, hence one loop with everything inlined (what
         :meth:`Timetable._schedule` does, among others) and the engine's fields in locals.
@@ -391,29 +411,25 @@ class Engine(Admission, Timetable):
                     count = 1
                     while True:
                         deadline += fixed_itl
-                        if deadline > now or count == MAX_TOKENS_PER_STEP:
+                        if deadline > reach or count == MAX_TOKENS_PER_STEP:
                             break
                         count += 1
                         if count == remaining:
                             break
                 else:
-                    count, deadline = self._due_tokens(deadline, now, remaining)
+                    count, deadline = self._due_tokens(deadline, reach, remaining)
                 stop = start + count
                 job.emitted = stop
                 generated += count
                 if stop == total:
                     self._finish(job, now, deadline)
                 else:
-                    # The next entry.  ``now`` is this step's: whatever is due by then
-                    # waits in the ready list for the next step.
+                    # The next entry: whatever is due by this step's reach (the per-job
+                    # cap was hit) waits in the ready list for the next step; anything
+                    # later goes to its grid time, which is after ``now``.
                     job.deadline = deadline
-                    if deadline > now:
-                        if grid:
-                            slot = math.ceil(deadline * inverse_grid - GRID_TOLERANCE) * grid
-                            if slot <= now:  # a hair below this step's grid time
-                                slot = READY
-                        else:
-                            slot = deadline
+                    if deadline > reach:
+                        slot = math.ceil(deadline * inverse_grid - GRID_SHIFT) * grid if grid else deadline
                     else:
                         slot = READY
                     job.slot = slot
@@ -445,7 +461,8 @@ class Engine(Admission, Timetable):
 
     def _finish(self, job: Job, now: float, deadline: float) -> None:
         """``job`` emitted its last token at ``now`` (the last one was due at ``deadline``):
-        free its slot and admit whoever waits, as of that deadline."""
+        free its slot and admit whoever waits, as of that deadline (a late step catches
+        up), or of ``now`` if the token went out before it (on the grid)."""
         job.state = _FINISHED
         job.finish_time = now
         job.slot = None
@@ -454,9 +471,9 @@ class Engine(Admission, Timetable):
         self._release(job)
         self.metrics.finished(job, now)
         if self._waiting_count:
-            self._fill_slots(deadline)
+            self._fill_slots(deadline if deadline < now else now)
 
-    def _due_tokens(self, deadline: float, now: float, remaining: int) -> tuple[int, float]:
+    def _due_tokens(self, deadline: float, reach: float, remaining: int) -> tuple[int, float]:
         """The catch-up loop of :meth:`_run` with jittered or load-scaled ITLs."""
         latency = self._latency
         factor = latency.load_factor(self._running)
@@ -464,7 +481,7 @@ class Engine(Admission, Timetable):
         count = 1
         while True:
             deadline += latency.inter_token_latency(rng, factor)
-            if deadline > now or count == MAX_TOKENS_PER_STEP:
+            if deadline > reach or count == MAX_TOKENS_PER_STEP:
                 break
             count += 1
             if count == remaining:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import math
 
-from llmsim.engine.grid import GRID_TOLERANCE
+from llmsim.engine.grid import GRID_SHIFT
 from llmsim.engine.job import Job
 
 __all__ = ["READY", "Timetable", "is_live"]
@@ -57,7 +57,7 @@ class Timetable:
         if deadline <= horizon:
             time = READY
         elif self._grid:
-            time = math.ceil(deadline * self._inverse_grid - GRID_TOLERANCE) * self._grid
+            time = math.ceil(deadline * self._inverse_grid - GRID_SHIFT) * self._grid
             if time <= horizon:
                 time = READY
         else:

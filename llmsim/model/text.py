@@ -32,12 +32,13 @@ from __future__ import annotations
 import bisect
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 
 from llmsim.model.corpus import SENTENCES
 from llmsim.model.dataset import load_dataset
+from llmsim.model.drawn import EAGER_UP_TO, DrawnTokens
 from llmsim.model.tokenizer import END_OF_TEXT, IM_END, Tokenizer
 from llmsim.options import ModelOptions
 
@@ -98,10 +99,11 @@ def eos_token(tokenizer: Tokenizer) -> EosToken:
 
 @attrs.frozen
 class GeneratedText:
-    """A planned output: one piece and one id per token."""
+    """A planned output: one piece and one id per token (tuples, or for a long output
+    :class:`~llmsim.model.drawn.DrawnTokens` drawn as they are read)."""
 
-    pieces: tuple[str, ...]
-    token_ids: tuple[int, ...]
+    pieces: Sequence[str]
+    token_ids: Sequence[int]
     finish_reason: str  # "stop" or "length"
 
     @property
@@ -146,6 +148,15 @@ def unbounded_length(rng: random.Random, limit: int) -> int:
             return math.floor(value + 0.5)
 
 
+def _length(rng: random.Random, cap: int, max_tokens: int | None, ignore_eos: bool, min_tokens: int) -> int:
+    """A random text's length in tokens, within ``cap``, by the rules above."""
+    if ignore_eos:
+        return cap
+    if max_tokens is not None:
+        return max(histogram_length(rng, cap), min(min_tokens, cap))
+    return max(unbounded_length(rng, cap), min(min_tokens, cap))
+
+
 class TextGenerator:
     """Plans the output of one choice: random corpus text, or the echo of the prompt."""
 
@@ -154,6 +165,8 @@ class TextGenerator:
         self._max_model_len = options.max_model_len
         self._tokenizer = tokenizer
         self._sentences = tuple(self._split(sentence) for sentence in SENTENCES)
+        self._sentence_pieces = tuple(pieces for pieces, _ in self._sentences)
+        self._sentence_ids = tuple(ids for _, ids in self._sentences)
         self.eos = eos_token(tokenizer)
         self._dataset = load_dataset(options)  # --dataset-path: answers chosen as llm-d-inference-sim does
 
@@ -173,11 +186,16 @@ class TextGenerator:
         echo_text: str | None,
         min_tokens: int = 0,
         prompt_ids: Sequence[int] = (),
+        lazy: Callable[[], random.Random] | None = None,
     ) -> GeneratedText:
         """Plan one output.  ``echo_text`` is what echo mode replays (ignored in random
         mode); ``max_tokens=None`` means the request set no cap; no output of random
         mode is shorter than ``min_tokens`` (within the cap).  With a dataset, the
         answer is the one it holds for ``prompt_ids`` (:mod:`llmsim.model.dataset`).
+        ``lazy`` makes ``rng`` afresh, and the caller draws nothing more from ``rng``:
+        then a corpus text beyond ``EAGER_UP_TO`` tokens is drawn as it is read
+        (:class:`~llmsim.model.drawn.DrawnTokens`): the same tokens, at a planning cost
+        and a memory independent of its length.
 
         Raises:
             ValueError: ``max_tokens`` < 1, the prompt leaves no room in the context
@@ -200,14 +218,21 @@ class TextGenerator:
             answer = self._dataset.answer(rng, prompt_ids, cap, ignore_eos)
             if answer is not None:
                 return self._answer_of(rng, answer, cap, cap if ignore_eos else min(min_tokens, cap))
-        if ignore_eos:
-            length = cap
-        elif max_tokens is not None:
-            length = max(histogram_length(rng, cap), min(min_tokens, cap))
-        else:
-            length = max(unbounded_length(rng, cap), min(min_tokens, cap))
+        length = _length(rng, cap, max_tokens, ignore_eos, min_tokens)
+        finish = FinishReason.LENGTH if length == cap else FinishReason.STOP
+        if lazy is not None and length > EAGER_UP_TO and self._dataset is None:
+            make = lazy
+
+            def restart() -> random.Random:
+                """The choice's RNG where its text starts: made afresh, its length drawn again."""
+                fresh = make()
+                _length(fresh, cap, max_tokens, ignore_eos, min_tokens)
+                return fresh
+
+            drawn = DrawnTokens(self._sentence_pieces, restart, length, rng)  # reads on from rng
+            return GeneratedText(drawn, DrawnTokens(self._sentence_ids, restart, length), finish)
         pieces, ids = self._draw(rng, length)
-        return GeneratedText(pieces, ids, FinishReason.LENGTH if length == cap else FinishReason.STOP)
+        return GeneratedText(pieces, ids, finish)
 
     def _echo_of(self, text: str, cap: int) -> GeneratedText:
         pieces, ids = self._tokenizer.tokenize(text), self._tokenizer.encode(text)

@@ -74,6 +74,9 @@ class BufferedResponse(ResponseStateFlags):
     trailers: tuple[tuple[bytes, bytes], ...] = attrs.field(default=(), init=False)  # given to end()
     cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
     queued: bool = attrs.field(default=False, init=False)  # the host's bookkeeping: waiting to be sent
+    # The host may frame a write at once, into its next batch, instead of buffering it
+    # (HTTP/2's per-token case); False where each piece must leave in a batch of its own.
+    frame_at_once: bool = attrs.field(default=True, init=False)
     # Read directly by the host on its per-token path (a property there costs a call):
     # the body written and not yet taken, oldest first, and its size; and the
     # on_drained callbacks waiting (if any, the host's flushed() call has work to do).

@@ -17,6 +17,7 @@ from llmsim.api.errors import ApiError
 from llmsim.api.generation import CollectingSink, build_jobs, collect, stream
 from llmsim.api.http import HttpRequest
 from llmsim.api.plan import GenerationPlan, PromptPlan
+from llmsim.api.sse import PlainTokens
 from llmsim.api.turns import TEXT, Block, TurnPlan
 from llmsim.engine.job import Job, JobState
 from tests.api.fakes import FakeResponse, post, running
@@ -36,6 +37,9 @@ class _Renderer:
 
     def render(self, job: Job, start: int, stop: int) -> bytes:
         return b"".join(b"%d:%s;" % (job.index, piece.encode()) for piece in job.output[start:stop])
+
+    def plain_tokens(self) -> PlainTokens | None:
+        return None
 
     def tail(self, jobs: Sequence[Job]) -> bytes:
         return b"tail(%d)" % len(jobs)

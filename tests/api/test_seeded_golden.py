@@ -4,8 +4,10 @@ Pins everything ``--seed`` reproduces (request ids, text, lengths, tool calls,
 logprobs) and the exact error envelope of malformed requests, on every generating
 endpoint.  The requests run in order on one simulator: each request id comes from the
 same id stream, so the order matters.  ``seeded_golden.json`` was captured from the
-code before the API's per-request costs were cut; regenerate it only for an intended
-change of output, with ``python -m tests.api.test_seeded_golden``.
+code before the API's per-request costs were cut (the two long cases at the end were
+added when long texts came to be drawn as they are read, docs/performance.md "API
+intake (stop 11)"); regenerate it only for an intended change of output, with
+``python -m tests.api.test_seeded_golden``.
 """
 
 from __future__ import annotations
@@ -185,6 +187,10 @@ CASES: list[tuple[str, str, Any, Headers]] = [
         {"model": "llmsim/sim-model", "max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "text"}]}]},
         (),
     ),
+    # Long enough for the text drawn as it is read (llmsim/model/drawn.py), last
+    # so that the request ids above stay as they were.
+    ("chat_stream_long", CHAT, {"messages": HELLO, "max_tokens": 520, "ignore_eos": True, "stream": True}, ()),
+    ("completions_long_eos", COMPLETIONS, {"prompt": "Hello", "max_tokens": 2000, "min_tokens": 530}, ()),
 ]
 
 

@@ -150,14 +150,17 @@ async def test_100_concurrent_streams_keep_the_configured_ttft_and_itl(nursery: 
 
     results = await trio.to_thread.run_sync(asyncio.run, all_calls())
     assert len(results) == 100
-    assert all(count == tokens for _, _, count in results)
+    assert all(count == tokens for _, _, count in results), sorted(count for _, _, count in results)
     # The client sees each first token no earlier than TTFT (later by its own overhead:
     # 100 grpc.aio calls in one Python thread), and the engine recorded about TTFT.
-    assert min(first for first, _, _ in results) >= ttft * 0.95
+    firsts = sorted(first for first, _, _ in results)
+    assert firsts[0] >= ttft * 0.95, firsts
     engine_ttft = await metric(server, "vllm:time_to_first_token_seconds_sum") / 100
-    assert ttft <= engine_ttft <= ttft * 1.3, engine_ttft
+    # (a token goes out at the step-grid time nearest its deadline: up to half of the
+    # 2 ms grid early, llmsim/engine/grid.py)
+    assert ttft - 0.001 <= engine_ttft <= ttft * 1.3, engine_ttft
     gap = statistics.median(g for _, gaps, _ in results for g in gaps)
-    assert itl * 0.7 <= gap <= itl * 1.5, gap
+    assert itl * 0.7 <= gap <= itl * 1.5, (gap, firsts[:3], firsts[-3:])
 
 
 @pytest.mark.parametrize("backend", ["native", "hypercorn"])

@@ -1,4 +1,5 @@
-"""The step quantum: steps on a grid, tokens never early and less than one interval late.
+"""The step quantum: steps on a grid, every token at the grid time nearest its deadline
+(at most half an interval early or late, zero on average), every gap of a constant ITL exact.
 
 Driven with a fake clock (plain ``now`` values), except the last test, which runs the
 server's engine task under trio's MockClock.
@@ -99,16 +100,21 @@ def test_the_grid_follows_reconfigure() -> None:
 
 
 @pytest.mark.parametrize("quantum", [0.002, 0.005, 0.003])
-def test_tokens_are_never_early_and_less_than_one_interval_late(quantum: float) -> None:
+def test_tokens_go_out_at_the_nearest_grid_time_unbiased(quantum: float) -> None:
     engine = quantized_engine(quantum=quantum)
     grid = engine.step_quantum
     jobs = submit_spread(engine, 300)
     run_until_idle(engine)
+    errors = []
     for job in jobs:
         times = sink_of(job).times
         assert len(times) == 20  # a punctual driver: one token per call
         exact = [job.arrival_time + TTFT + i * ITL for i in range(20)]
-        assert all(e - EPS <= t < e + grid for t, e in zip(times, exact, strict=True))
+        assert all(e - grid / 2 - EPS <= t <= e + grid / 2 + EPS for t, e in zip(times, exact, strict=True))
+        assert all(t / grid == pytest.approx(round(t / grid), abs=1e-6) for t in times)
+        errors.append(times[0] - exact[0])
+    # Uniform in [-grid/2, grid/2] over the arrivals: zero on average (rounding up made it grid/2).
+    assert abs(sum(errors) / len(errors)) < 0.1 * grid
 
 
 def test_with_a_grid_that_divides_the_itl_every_gap_is_exact() -> None:
@@ -119,7 +125,7 @@ def test_with_a_grid_that_divides_the_itl_every_gap_is_exact() -> None:
     assert gaps == pytest.approx([ITL] * len(gaps), abs=1e-9)
 
 
-def test_jittered_and_load_scaled_tokens_are_never_early_either() -> None:
+def test_jittered_and_load_scaled_tokens_are_at_most_half_an_interval_off_either() -> None:
     config = PACED.replace(
         time_to_first_token_std_dev=0.02,
         inter_token_latency_std_dev=0.005,
@@ -134,7 +140,7 @@ def test_jittered_and_load_scaled_tokens_are_never_early_either() -> None:
         sink = sink_of(job)
         # Call k hands out the token that was "next" at call k - 1.
         for due, at in zip(sink.next_deadlines[:-1], sink.times[1:], strict=True):
-            assert due - EPS <= at < due + grid
+            assert due - grid / 2 - EPS <= at <= due + grid / 2 + EPS
 
 
 def test_steps_happen_only_on_the_grid_so_they_are_few() -> None:
@@ -149,6 +155,28 @@ def test_steps_happen_only_on_the_grid_so_they_are_few() -> None:
     assert steps["quantized"] <= span / 0.002 + 1
     assert steps["exact"] > 5 * steps["quantized"]
     assert quantized.statistics().generated_tokens == exact.statistics().generated_tokens == 500 * 20
+
+
+def test_a_token_goes_out_early_only_once_its_grid_time_has_come() -> None:
+    config = PACED.replace(inter_token_latency=0.002)  # grid 2 ms: one token per grid time
+    engine = quantized_engine(config)
+    near, far = planned_job(prompt=0, output=3), planned_job(prompt=0, output=3)
+    engine.submit(near, 0.0029)  # due at 0.1029: nearest grid time 0.102
+    engine.submit(far, 0.0031)  # due at 0.1031: nearest grid time 0.104
+    grid_time = engine.next_deadline()
+    assert grid_time == pytest.approx(0.102)
+    engine.step(0.1015)  # a step before the grid time hands out nothing
+    assert near.emitted == far.emitted == 0
+    engine.step(grid_time)
+    assert (near.emitted, far.emitted) == (1, 0)  # 0.9 ms early, the most is 1 ms
+    # Half an interval late, the step still belongs to grid time 0.104: near's token due
+    # at 0.1049 goes along, far's next one (due 0.1051, grid time 0.106) does not, though
+    # "now + grid / 2" would reach it.
+    engine.step(0.1045)
+    assert (near.emitted, far.emitted) == (2, 1)
+    run_until_idle(engine)
+    assert recording_sink(near).times == pytest.approx([0.102, 0.1045, 0.106])
+    assert recording_sink(far).times == pytest.approx([0.1045, 0.106, 0.108])
 
 
 def test_due_tokens_do_not_wait_for_the_grid() -> None:
@@ -170,8 +198,9 @@ def test_a_late_step_catches_up_on_every_bucket_it_passed() -> None:
     for i, job in enumerate(jobs):
         engine.submit(job, 0.0007 * i)
     engine.step(0.2)
-    # First tokens due at 0.1, 0.1007, 0.1014; then every 20 ms: six tokens by 0.2.
-    assert [job.emitted for job in jobs] == [6, 5, 5]
+    # First tokens due at 0.1, 0.1007, 0.1014; then every 20 ms: six tokens by 0.2, and
+    # the second job's 0.2007 goes with them (its nearest grid time is 0.2), 0.2014 not.
+    assert [job.emitted for job in jobs] == [6, 6, 5]
     run_until_idle(engine)
     assert all(job.state is JobState.FINISHED for job in jobs)
 
@@ -191,7 +220,7 @@ def test_resume_before_the_step_keeps_the_one_entry() -> None:
     engine = quantized_engine()
     job = planned_job(output=3)
     recording_sink(job).accept = False
-    engine.submit(job, 0.0003)  # first token due at 0.1003: grid time 0.102
+    engine.submit(job, 0.0013)  # first token due at 0.1013: grid time 0.102
     run_until_idle(engine)
     assert job.paused
     recording_sink(job).accept = True
@@ -205,14 +234,14 @@ def test_resume_after_the_deadline_is_a_ready_entry_and_the_stale_one_is_skipped
     engine = quantized_engine()
     job = planned_job(output=3)
     recording_sink(job).accept = False
-    engine.submit(job, 0.0003)
+    engine.submit(job, 0.0013)
     run_until_idle(engine)
     recording_sink(job).accept = True
-    engine.resume(job, 0.1215)  # after the deadline 0.1203, before its grid time 0.122
+    engine.resume(job, 0.1215)  # after the deadline 0.1213, before its grid time 0.122
     assert engine.next_deadline() == pytest.approx(0.1215)
     engine.step(0.1215)
     run_until_idle(engine)
-    # From 0.1215 on, the chain continues from the deadline: 0.1403 -> grid 0.142.
+    # From 0.1215 on, the chain continues from there: 0.1415 -> grid 0.142.
     assert recording_sink(job).times == pytest.approx([0.102, 0.1215, 0.142])
 
 
@@ -236,8 +265,8 @@ def test_a_failing_sink_does_not_lose_the_rest_of_its_bucket() -> None:
 
     broken = planned_job(output=3, sink=Broken())
     healthy = planned_job(output=3)
-    engine.submit(broken, 0.0003)
-    engine.submit(healthy, 0.0001)  # due at 0.1003 and 0.1001: both at grid time 0.102
+    engine.submit(broken, 0.0013)
+    engine.submit(healthy, 0.0011)  # due at 0.1013 and 0.1011: both at grid time 0.102
     engine.step(0.02)  # their prompts are prefilled at the end of the first period
     grid_time = engine.next_deadline()
     assert grid_time == pytest.approx(0.102)
@@ -277,6 +306,6 @@ def test_the_engine_task_steps_on_the_grid() -> None:
         times = sink_of(job).times
         assert len(times) == 5
         first = job.arrival_time + TTFT
-        assert first - EPS <= times[0] < first + grid
+        assert first - grid / 2 - EPS <= times[0] <= first + grid / 2 + EPS
         assert all(t / grid == pytest.approx(round(t / grid), abs=1e-6) for t in times)
         assert [b - a for a, b in pairwise(times)] == pytest.approx([ITL] * 4, abs=1e-9)

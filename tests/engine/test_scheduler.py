@@ -35,6 +35,27 @@ def test_constant_ttft_then_one_token_per_itl() -> None:
     assert job.prefilled_tokens == job.prompt_tokens
 
 
+@pytest.mark.parametrize("ttft", [0.1, 0.0])
+def test_a_job_that_arrived_before_the_last_step_counts_from_its_arrival(ttft: float) -> None:
+    """The server submits with the time the request's first bytes came in, after reading,
+    parsing and planning it: TTFT, queue time and e2e count from there, and a first
+    token already due goes out at the next step."""
+    engine = build_engine(Config(time_to_first_token=ttft, inter_token_latency=0.02))
+    engine.step(0.05)  # the engine moved on while the request was being read
+    job = planned_job(prompt=0, output=3)
+    engine.submit(job, 0.0497)
+    assert job.arrival_time == job.admitted_time == 0.0497
+    assert engine.next_deadline() == pytest.approx(0.0497 + ttft)
+    engine.step(0.0502)  # the driver's next step: the first token if it is due already
+    run_until_idle(engine)
+    first = max(0.0497 + ttft, 0.0502)
+    assert recording_sink(job).times == pytest.approx([first, 0.0497 + ttft + 0.02, 0.0497 + ttft + 0.04])
+    histograms = engine.metrics.snapshot().histograms
+    assert histograms["time_to_first_token_seconds"].sum == pytest.approx(first - 0.0497)
+    assert histograms["request_queue_time_seconds"].sum == 0.0
+    assert histograms["e2e_request_latency_seconds"].sum == pytest.approx(ttft + 0.04)
+
+
 @pytest.mark.parametrize("calculator", ["per-token", ""])
 def test_per_token_ttft_skips_cached_tokens(calculator: str) -> None:
     config = Config(latency_calculator=calculator, prefill_overhead=0.01, prefill_time_per_token=0.001)

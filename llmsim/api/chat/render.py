@@ -50,6 +50,7 @@ from llmsim.api.logprobs_format import ChatLogprobs
 from llmsim.api.plan import stop_reason_of_job
 from llmsim.api.sse import (
     DONE_EVENT,
+    PlainTokens,
     chunk_head,
     error_events,
     escape,
@@ -255,6 +256,9 @@ class ChatStreamRenderer:
         none for an abort, which ends it before)."""
         stop_reason = None if self._stop_reasons is None else stop_reason_of_job(job, self._stop_reasons)
         return _FINISH_OPEN + json_bytes(job.finish_reason) + _STOP_REASON + json_bytes(stop_reason) + _FINISH_CLOSE
+
+    def plain_tokens(self) -> PlainTokens | None:
+        return PlainTokens(self._token_opens, _TOKEN_CLOSE) if self._plain else None
 
     def tail(self, jobs: Sequence[Job]) -> bytes:
         """After the last choice finished: the usage chunk if asked for, then [DONE]."""

@@ -121,7 +121,7 @@ async def chat_completions(call: Call) -> None:
             required_tool_choice=calling and request.effective_tool_choice == "required",
             logprobs=logprobs,
             chunk_usage=ChunkUsage(len(prompt_ids), with_details=True) if request.continuous_usage else None,
-            fingerprint=ctx.model.system_fingerprint,
+            fingerprint=ctx.system_fingerprint,
             usage_style=usage_style,
             stop_reasons=stop_reasons,
         )
@@ -137,7 +137,7 @@ async def chat_completions(call: Call) -> None:
         echo=echo,
         tool_calls=tool_calls,
         logprobs=logprobs,
-        fingerprint=ctx.model.system_fingerprint,
+        fingerprint=ctx.system_fingerprint,
         usage_style=usage_style,
         forced_tool_calls=calling and request.effective_tool_choice != "auto",
         stop_reasons=stop_reasons,

@@ -33,6 +33,7 @@ from llmsim.api.logprobs_format import CompletionLogprobs
 from llmsim.api.plan import stop_reason_of_job
 from llmsim.api.sse import (
     DONE_EVENT,
+    PlainTokens,
     chunk_head,
     error_events,
     escape,
@@ -173,6 +174,9 @@ class CompletionStreamRenderer:
         token id that ended it, serving.py:437-462; none after an abort) to the end of its choice."""
         stop_reason = None if self._stop_reasons is None else stop_reason_of_job(job, self._stop_reasons)
         return _REASON_KEY + json_bytes(job.finish_reason) + _STOP_REASON + json_bytes(stop_reason) + _CHOICE_REST
+
+    def plain_tokens(self) -> PlainTokens | None:
+        return PlainTokens(self._text_opens, _TOKEN_CLOSE) if self._plain else None
 
     def tail(self, jobs: Sequence[Job]) -> bytes:
         """After the last choice finished: the usage chunk if asked for, then [DONE]."""

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from llmsim.api.completions.render import CompletionStreamRenderer, completion_body
 from llmsim.api.completions.request import CompletionRequest, check_suffix, parse_completion_request
 from llmsim.api.context import ApiContext, Call
@@ -98,7 +100,7 @@ async def completions(call: Call) -> None:
             chunk_usages=[ChunkUsage(len(prompt.token_ids), with_details=False) for prompt in prompts]
             if request.continuous_usage
             else None,
-            fingerprint=ctx.model.system_fingerprint,
+            fingerprint=ctx.system_fingerprint,
             usage_style=usage_style,
             stop_reasons=stop_reasons,
         )
@@ -114,7 +116,7 @@ async def completions(call: Call) -> None:
         echo_prompts=echo_prompts,
         prompt_only=prompt_only,
         logprobs=logprobs,
-        fingerprint=ctx.model.system_fingerprint,
+        fingerprint=ctx.system_fingerprint,
         usage_style=usage_style,
         stop_reasons=stop_reasons,
         kv_transfer_params=transfer.response_params(),
@@ -127,7 +129,7 @@ def _logprobs(
     request: CompletionRequest,
     prompts: list[CompletionPrompt],
     request_id: str,
-    texts: list[tuple[str, ...]],
+    texts: list[Sequence[str]],
 ) -> tuple[CompletionLogprobs | None, ApiError | None]:
     """The request's logprobs, if it asked, and the error refusing them if it asked
     for too many; with ``echo`` the prompts' tokens are listed too, each decoded on

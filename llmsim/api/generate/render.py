@@ -34,7 +34,7 @@ import orjson
 from llmsim.api.errors import ApiError
 from llmsim.api.generate.logprobs import GenerateLogprobs
 from llmsim.api.plan import stop_reason_of_job
-from llmsim.api.sse import DONE_EVENT, error_events
+from llmsim.api.sse import DONE_EVENT, PlainTokens, error_events
 from llmsim.api.usage import Usage, UsageStyle
 from llmsim.engine.job import Job, JobState
 
@@ -161,6 +161,9 @@ class GenerateStreamRenderer:
         text = b',"text":' + orjson.dumps("".join(job.output[start:stop])) if self._shape.text_mode else b""
         ids = orjson.dumps(job.output_token_ids[start:stop])
         return b'%s%d%s,"token_ids":%s%s%s' % (self._head, job.index, ending, ids, _CHOICE_NULLS, text + _CHUNK_END)
+
+    def plain_tokens(self) -> PlainTokens | None:
+        return None
 
     def tail(self, jobs: Sequence[Job]) -> bytes:
         if not self._include_usage:

@@ -42,6 +42,7 @@ from llmsim.api.plan import (
     stop_reason_of_job,
 )
 from llmsim.api.prompts import check_prompt_length
+from llmsim.api.sse import PlainTokens
 from llmsim.api.stops import StopRule
 from llmsim.engine.job import Job, JobState
 from llmsim.model.text import FinishReason
@@ -179,6 +180,9 @@ class GenerateStreamRenderer:
             self.finished.add(job.index)
             data += _complete(job, ids, self._stop_reasons)
         return data
+
+    def plain_tokens(self) -> PlainTokens | None:
+        return None
 
     def tail(self, jobs: Sequence[Job]) -> bytes:
         return b""

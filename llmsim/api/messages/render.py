@@ -33,7 +33,7 @@ import attrs
 
 from llmsim.api.errors import ApiError, anthropic_error_type
 from llmsim.api.plan import as_emitted
-from llmsim.api.sse import escape, event_bytes, json_bytes
+from llmsim.api.sse import PlainTokens, escape, event_bytes, json_bytes
 from llmsim.api.turns import TEXT, TurnPlan
 from llmsim.engine.job import Job, JobState
 from llmsim.model.text import FinishReason
@@ -166,6 +166,9 @@ class MessagesStreamRenderer:
         if job.state is _FINISHED:
             events.append(self._block_stop(self._block))
         return b"".join(events)
+
+    def plain_tokens(self) -> PlainTokens | None:
+        return None
 
     def tail(self, jobs: Sequence[Job]) -> bytes:
         job = jobs[0]

@@ -48,7 +48,7 @@ import orjson
 from llmsim.api.chat.tools import tool_call_id
 from llmsim.api.errors import ApiError
 from llmsim.api.plan import as_emitted
-from llmsim.api.sse import escape, event_bytes, json_bytes
+from llmsim.api.sse import PlainTokens, escape, event_bytes, json_bytes
 from llmsim.api.turns import TEXT, Block, TurnPlan
 from llmsim.engine.job import Job, JobState
 from llmsim.model.logprobs import synthesize_logprobs, token_bytes
@@ -354,6 +354,9 @@ class ResponsesStreamRenderer:
             events.append(self._closing(job))
             self._job = None  # error() needs it no more, and job -> sink -> self would be a reference cycle
         return b"".join(events)
+
+    def plain_tokens(self) -> PlainTokens | None:
+        return None
 
     def tail(self, jobs: Sequence[Job]) -> bytes:
         self.final = final_response(self._shell, self._plan, self._ids, jobs[0], self._logprobs, streamed=True)

@@ -87,6 +87,7 @@ class AsgiApp:
 
     async def _serve(self, scope: HTTPScope, receive: Receive, send: Send) -> bool:
         """Answer one request; True if the response was sent to its end."""
+        received_at = trio.current_time()  # hypercorn says nothing earlier: the call's start
         try:
             body = await _read_body(receive, self.max_body_size)
         except _ClientGone:
@@ -95,7 +96,8 @@ class AsgiApp:
             stream = AsgiResponseStream()
             stream.respond_error(413, f"Request body too large: the limit is {self.max_body_size} bytes.")
             return await self._pump_until_disconnect(stream, receive, send)
-        return await self._respond(request_from_scope(scope, body), receive, send, _takes_trailers(scope))
+        request = request_from_scope(scope, body, received_at)
+        return await self._respond(request, receive, send, _takes_trailers(scope))
 
     async def _respond(self, request: HttpRequest, receive: Receive, send: Send, trailers: bool = False) -> bool:
         stream = AsgiResponseStream(send_trailers=trailers)
@@ -176,7 +178,7 @@ def _takes_trailers(scope: HTTPScope) -> bool:
     )
 
 
-def request_from_scope(scope: HTTPScope, body: bytes) -> HttpRequest:
+def request_from_scope(scope: HTTPScope, body: bytes, received_at: float | None = None) -> HttpRequest:
     """The :class:`HttpRequest` of an ASGI ``http`` scope.
 
     The path is ``raw_path`` (not percent-decoded, as the native handlers see the
@@ -192,6 +194,7 @@ def request_from_scope(scope: HTTPScope, body: bytes) -> HttpRequest:
         body=body,
         http_version=scope.get("http_version", "1.1"),
         scheme=scope.get("scheme", "http"),
+        received_at=received_at,
     )
 
 

@@ -29,6 +29,9 @@ class Transport(Protocol):
     settings: ProtocolSettings
     tracker: ConnectionTracker
     scheme: str  # "http" or "https"
+    #: Earlier output still waits for the socket: a handler must buffer what it writes
+    #: (and so feel the water marks) instead of framing it into the next batch.
+    congested: bool
 
     @property
     def shutting_down(self) -> bool:

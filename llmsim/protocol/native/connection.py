@@ -119,6 +119,8 @@ class Connection:
     _direct: socket.socket | None = attrs.field(default=None, init=False)  # see _direct_socket
     _backlog: bytes | memoryview | None = attrs.field(default=None, init=False)  # what flush_now could not send
     _sending: bool = attrs.field(default=False, init=False)  # the writer waits in send_all
+    # A backlog is queued or the writer waits in send_all (Transport.congested).
+    congested: bool = attrs.field(default=False, init=False)
     _read_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
     _read_deadline: float = attrs.field(default=math.inf, init=False)
     _reading_allowed: bool = attrs.field(default=True, init=False)
@@ -200,6 +202,7 @@ class Connection:
                     sent = 0
                 if sent < len(data):
                     self._backlog = memoryview(data)[sent:] if sent else data
+                    self.congested = True
                     self._writer_lot.unpark_all()
                     return
             handler.flushed()
@@ -351,6 +354,7 @@ class Connection:
             if data and not await self._send(data):
                 handler.connection_lost()
                 return
+            self.congested = self._backlog is not None
             handler.flushed()
             if handler.finished and not self._dirty and self._backlog is None:
                 return
@@ -378,7 +382,7 @@ class Connection:
             if sent == len(data):
                 return True
             data = memoryview(data)[sent:]
-        self._sending = True
+        self._sending = self.congested = True
         try:
             return await self._send_all(memoryview(data))
         finally:

@@ -108,6 +108,7 @@ async def run_with_faults(
         stream.respond_error(400, str(exc))
         return
     log.debug("x-llmsim-fault for %s %s: %s", request.method, request.path, plan)
+    stream.frame_at_once = False  # the pump sends each piece in a batch of its own (_taken)
     response = FaultyResponse(stream, plan, request, faults)
     with stream.cancel_scope:
         async with trio.open_nursery() as nursery:

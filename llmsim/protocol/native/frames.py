@@ -2,7 +2,8 @@
 
 HTTP/2 (RFC 9113 section 4.1): :func:`data_frames` is the only builder of DATA frames,
 :func:`header_block_frames` of HEADERS + CONTINUATION, :func:`goaway_frame` of GOAWAY.
-HTTP/1.1: :func:`chunk` is the only builder of a chunk of a chunked body.  They are
+HTTP/1.1: :func:`chunk` is the only builder of a chunk of a chunked body, :func:`last_chunk`
+of its end.  They are
 pure framing: no flow-control or state bookkeeping, which stays with h2 (through
 :mod:`.h2_fastpath`) and h11.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import struct
 
+import h11
 from hyperframe.frame import GoAwayFrame
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "goaway_frame",
     "h11_sends_chunked",
     "header_block_frames",
+    "last_chunk",
 ]
 
 #: A frame header: 24-bit length (as 16 + 8 bits), type, flags, stream id (RFC 9113 4.1).
@@ -102,6 +105,19 @@ def chunk(data: bytes) -> bytes:
     """``data`` as one chunk of a chunked body, as h11's ``ChunkedWriter`` writes it;
     ``b""`` for ``b""`` (an empty chunk would end the body)."""
     return b"%x\r\n%b\r\n" % (len(data), data) if data else b""
+
+
+def last_chunk(trailers: tuple[tuple[bytes, bytes], ...] = ()) -> bytes:
+    """The end of a chunked body, with ``trailers``, as h11's ``ChunkedWriter`` writes
+    it for ``EndOfMessage(headers=trailers)``: the same fields, validated and normalised
+    by h11 (it raises ``LocalProtocolError`` for what it would refuse to send), written
+    Host first like h11's ``write_headers``."""
+    if not trailers:
+        return b"0\r\n\r\n"
+    fields = h11.EndOfMessage(headers=list(trailers)).headers.raw_items()
+    first = [field for field in fields if field[0].lower() == b"host"]
+    rest = [field for field in fields if field[0].lower() != b"host"]
+    return b"0\r\n" + b"".join(b"%s: %s\r\n" % field for field in first + rest) + b"\r\n"
 
 
 def h11_sends_chunked(conn: object) -> bool:

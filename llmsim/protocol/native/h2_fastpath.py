@@ -46,7 +46,8 @@ effect in the states we act in is skipped, and the rest is done exactly as h2 wo
   pass (:func:`_plain_request`), and every other block (trailers, cookies, a ``host``
   or ``te`` field, CONNECT, anything unusual or malformed) goes through h2's own
   pipeline, which raises exactly what it always raised, so h2 answers with the same
-  GOAWAY.
+  GOAWAY.  A block :mod:`.h2_inbound` remembers (the same bytes, so the same fields)
+  that passed as an ordinary request head is not checked again.
 
 ``tests/protocol/native/test_fastpath_frames.py`` checks the DATA path against h2
 itself (the same writes, window updates and settings sent through h2's ``send_data``
@@ -76,7 +77,8 @@ from h2.utilities import (
 from hpack.struct import Header
 from hyperframe.frame import Frame, HeadersFrame, RstStreamFrame
 
-from llmsim.protocol.native.frames import data_frames, header_block_frames
+from llmsim.protocol.native.frames import FRAME_HEADER, data_frames, header_block_frames
+from llmsim.protocol.native.h2_inbound import Block, CachingDecoder, InboundFrames
 
 __all__ = [
     "H2Stream",
@@ -85,6 +87,7 @@ __all__ = [
     "last_stream_id",
     "send_buffered",
     "send_data",
+    "send_data_now",
     "send_headers",
     "send_window",
     "sendable_stream",
@@ -99,6 +102,7 @@ _OPEN = StreamState.OPEN
 _HALF_CLOSED_REMOTE = StreamState.HALF_CLOSED_REMOTE
 _SEND_END_STREAM = StreamInputs.SEND_END_STREAM
 _SEND_HEADERS = StreamInputs.SEND_HEADERS
+_PACK_HEADER = FRAME_HEADER.pack
 
 # --- the connection ---------------------------------------------------------------------
 
@@ -133,6 +137,16 @@ class ServerConnection(h2.connection.H2Connection):
     #: Requests answered with RST_STREAM PROTOCOL_ERROR so far (the handler charges them
     #: to the client's reset budget).
     stream_errors = 0
+
+    def __init__(self, config: h2.config.H2Configuration) -> None:
+        super().__init__(config)
+        # A request's frames made directly, a repeated header block decoded once
+        # (h2_inbound); h2 sets the decoder's limits as ever.
+        self.incoming_buffer = InboundFrames(server=True)
+        self.decoder: CachingDecoder = CachingDecoder(self.decoder.max_header_list_size)
+        #: Streams whose request head is a remembered, ordinary block (by stream id,
+        #: until the handler takes it): the handler makes its request of it once.
+        self.plain_requests: dict[int, Block] = {}
 
     @property
     def open_inbound_streams(self) -> int:
@@ -191,7 +205,12 @@ class ServerConnection(h2.connection.H2Connection):
         opening = sid not in self.streams and sid > self.highest_inbound_stream_id
         try:
             frames, events = super()._receive_headers_frame(frame)
-            _check_header_block(events)
+            block = self.decoder.take_last()  # (this frame's block: h2 has just decoded it)
+            if block is not None and block.plain and type(events[0]) is h2.events.RequestReceived:
+                self.plain_requests[sid] = block  # checked when it was first seen
+            elif _check_header_block(events) and block is not None:
+                block.plain = True
+                self.plain_requests[sid] = block
         except ProtocolError:
             stream = self.streams.get(sid)
             if not opening or stream is None or stream.state_machine.state not in (_OPEN, _HALF_CLOSED_REMOTE):
@@ -301,6 +320,30 @@ def send_buffered(
     return True
 
 
+def send_data_now(out: list[bytes], conn: h2.connection.H2Connection, stream: H2Stream, data: bytes) -> bool:
+    """The per-token write, framed at once: if ``data`` (not empty) fits one DATA frame
+    and both windows, and both state machines are where :func:`sendable_stream`
+    requires, append its frame (without END_STREAM) to ``out`` and account it as
+    :func:`send_data` does; otherwise change nothing and return False (the response
+    buffers it for the general path).  One call per token, so everything is inlined.
+    """
+    size = len(data)
+    state = stream.state_machine.state
+    if not (
+        (state is _HALF_CLOSED_REMOTE or state is _OPEN)
+        and size <= conn.max_outbound_frame_size
+        and size <= conn.outbound_flow_control_window
+        and size <= stream.outbound_flow_control_window
+        and conn.state_machine.state is _SERVER_OPEN
+    ):
+        return False
+    conn.outbound_flow_control_window -= size
+    stream.outbound_flow_control_window -= size
+    out.append(_PACK_HEADER(size >> 8, size & 0xFF, 0, 0, stream.stream_id))
+    out.append(data)
+    return True
+
+
 def send_data(
     out: list[bytes],
     conn: h2.connection.H2Connection,
@@ -373,10 +416,11 @@ _VALUE_MARKS = bytes.maketrans(b"\t\x00\r\n", b" \x02\x02\x02")
 _known_names: set[bytes] = set()
 
 
-def _check_header_block(events: list[h2.events.Event]) -> None:
+def _check_header_block(events: list[h2.events.Event]) -> bool:
     """Validate and normalize the header block h2 has just attached to its event, as
     h2's ``H2Stream._process_received_headers`` would have (raising h2's
-    ``ProtocolError`` for a malformed block, which h2 answers with GOAWAY).
+    ``ProtocolError`` for a malformed block, which h2 answers with GOAWAY).  True if
+    it is an ordinary request head (:func:`_plain_request`), left as it is.
 
     The first event is the stream's headers event: h2 lists the connection's events
     first, and there are none for HEADERS on an open connection.  (PUSH_PROMISE, the
@@ -387,7 +431,7 @@ def _check_header_block(events: list[h2.events.Event]) -> None:
     headers = event.headers
     assert headers is not None  # h2 has just set it
     if type(event) is h2.events.RequestReceived and _plain_request(headers):
-        return  # h2 would have accepted it unchanged
+        return True  # h2 would have accepted it unchanged
     flags = HeaderValidationFlags(
         is_client=False,
         is_trailer=isinstance(event, h2.events.TrailersReceived),
@@ -395,6 +439,7 @@ def _check_header_block(events: list[h2.events.Event]) -> None:
         is_push_promise=False,
     )
     event.headers = list(validate_headers(normalize_inbound_headers(headers, flags), flags))
+    return False
 
 
 def _plain_request(headers: list[Header]) -> bool:

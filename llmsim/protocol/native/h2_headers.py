@@ -1,7 +1,8 @@
 """The header blocks of HTTP/2 requests and responses, as llmsim's types.
 
 :func:`request_head` turns a header block h2 has received (and
-:mod:`.h2_fastpath` validated) into an :class:`~llmsim.api.http.HttpRequest`;
+:mod:`.h2_fastpath` validated) into an :class:`~llmsim.api.http.HttpRequest`
+(:func:`with_body` adds the body once it is complete);
 :func:`response_headers` turns a response head into HTTP/2 header fields.
 """
 
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 from llmsim.api.http import HttpRequest
 from llmsim.protocol.native.stream import split_target
 
-__all__ = ["request_head", "response_headers"]
+__all__ = ["request_head", "response_headers", "with_body"]
 
 _COLON = ord(":")
 
@@ -42,6 +43,14 @@ def request_head(headers: Sequence[tuple[bytes, bytes]], default_scheme: str) ->
         http_version="2",
         scheme=default_scheme if scheme is None else scheme.decode("ascii", "replace"),
     )
+
+
+def with_body(head: HttpRequest, body: bytes, received_at: float | None = None) -> HttpRequest:
+    """``head`` (from :func:`request_head`) with its ``body``, and the time its HEADERS
+    arrived: what ``attrs.evolve`` makes, without its per-field lookups by name
+    (``tests/protocol/native/test_h2_inbound.py`` checks that no field is lost)."""
+    h = head
+    return HttpRequest(h.method, h.path, h.query, h.headers, body, h.http_version, h.scheme, received_at)
 
 
 # --- outbound --------------------------------------------------------------------------

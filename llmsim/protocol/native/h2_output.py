@@ -54,7 +54,12 @@ class Http2Output:
     _stalled: StreamClock[Http2Stream]  # responses waiting for a window (write-stall timeout)
     _ready: deque[Http2Stream]  # streams with something to send, in order
     _sent: list[Http2Stream]  # streams that sent bytes in the last batch
-    _prefix: bytes  # raw bytes ahead of h2's own: the 101, our GOAWAY, injected frames
+    # Bytes framed before the next batch, in the order they were made, ahead of h2's own
+    # buffer: the 101 of an upgrade, our GOAWAY, injected frames, and the DATA frames
+    # that Http2Stream.write framed at once (the per-token case).  h2's buffer holds only
+    # what receiving made (ACKs, WINDOW_UPDATE, RST_STREAM, GOAWAY on an error), which may
+    # follow those frames.
+    _frames: list[bytes]
 
     @abc.abstractmethod
     def _drop(self, stream: Http2Stream) -> None:
@@ -71,14 +76,18 @@ class Http2Output:
     def outgoing(self) -> bytes:
         """Every ready stream's head and the DATA its windows allow, in one batch.
 
-        Bytes are collected in emission order: h2's own buffer (HEADERS, RST_STREAM,
-        SETTINGS ACK, WINDOW_UPDATE...) is drained into ``out`` right after each call
-        into h2, and the DATA and HEADERS frames built by hand (:mod:`.h2_fastpath`) are
-        appended between, so the batch is exactly what h2 alone would have sent.
+        First the frames already made (``_frames``, in the order they were made: above
+        all the per-token DATA frames), then h2's own buffer, then each ready stream:
+        h2's buffer (HEADERS, RST_STREAM, SETTINGS ACK, WINDOW_UPDATE...) is drained into
+        ``out`` right after each call into h2, and the DATA and HEADERS frames built by
+        hand (:mod:`.h2_fastpath`) are appended between.  Per stream, that is exactly
+        the order h2 alone would have sent; only control frames made by receiving may
+        now follow DATA frames written before them were sent, which no peer can tell.
         """
         h2conn = self._h2
-        out = [self._prefix, h2conn.data_to_send()]
-        self._prefix = b""
+        out = self._frames
+        self._frames = []
+        out.append(h2conn.data_to_send())
         self._guard.taken()
         ready = self._ready
         sent = self._sent

@@ -16,9 +16,10 @@ import attrs
 import h11
 import trio
 
-from llmsim.api.http import HttpRequest, ResponseState, reason_phrase
+from llmsim.api.http import Headers, HttpRequest, ResponseState, reason_phrase
 from llmsim.protocol.native.base import HandlerPhase, Transport
-from llmsim.protocol.native.frames import chunk, h11_sends_chunked
+from llmsim.protocol.native.frames import chunk, h11_sends_chunked, last_chunk
+from llmsim.protocol.native.http1_fastpath import chunked_head, parse_whole_request
 from llmsim.protocol.native.http2 import UPGRADE_ERRORS, Http2Handler
 from llmsim.protocol.native.stream import OutboundStream, content_length, run_handler, split_target
 
@@ -40,6 +41,34 @@ class Http1Response(OutboundStream):
     host: Http1Handler
     chunked: bool = attrs.field(default=False, init=False)  # h11 chose chunked framing: chunks are made here
     end_sent: bool = attrs.field(default=False, init=False)  # EndOfMessage is in the last batch
+    # h11 has not seen the request (.http1_fastpath): the head and the end are written
+    # here too, or h11 is brought up to date first (Http1Handler._catch_up).
+    bypassed: bool = attrs.field(default=False, init=False)
+
+    def write(self, data: bytes) -> bool:
+        """The per-token case goes straight into the connection's next batch as one
+        chunk: the head is out, nothing of the body waits, the batch is empty, the
+        connection's earlier output is on the wire (not ``congested``) and the piece is
+        below the low-water mark (so backpressure is as before: a client that does not
+        read congests the connection, and later writes buffer up to the high-water
+        mark).  A second write before the batch leaves takes that chunk back into the
+        buffer first, so one step's writes still leave as one chunk."""
+        if self.chunked and self.state is _STREAMING and not self.buffered and self.frame_at_once:
+            host = self.host
+            if not host._out:
+                if 0 < len(data) < self.low_water and not host._t.congested:
+                    host._out.append(chunk(data))
+                    host._framed = data
+                    host._t.wake_writer()
+                    return True
+            else:
+                host.take_back(self)
+        return super().write(data)
+
+    def end(self, data: bytes = b"", trailers: Headers = ()) -> None:
+        if data and self.state is _STREAMING:
+            self.host.take_back(self)  # (the same chunk as a write before it, as before)
+        super().end(data, trailers)
 
 
 class Http1Handler:
@@ -51,10 +80,16 @@ class Http1Handler:
         self._phase = _OPEN  # CLOSING: close once the current response is out
         self._response: Http1Response | None = None
         self._request: h11.Request | None = None  # head of the request whose body is arriving
+        # h11 is idle with nothing buffered: a whole ordinary request may skip it (.http1_fastpath).
+        self._fresh = True
+        self._raw = b""  # the bytes of the bypassed request in flight, for _catch_up
+        self._held: list[bytes] | None = None  # bytes received after it, not given to h11 yet
         self._body: list[bytes] = []
         self._body_size = 0
         self._body_deadline = math.inf  # the whole body must be in by then (body_read_timeout)
-        self._out: list[bytes] = []  # bytes made here rather than by a response: 100 Continue
+        self._received_at = 0.0  # when the head of the request whose body is arriving came in
+        self._out: list[bytes] = []  # the next batch: 100 Continue, chunks framed as written
+        self._framed: bytes | None = None  # the body of the response's chunk in _out (Http1Response.write)
         self._pipelined = 0  # bytes received while the current response is in flight
         self._head_deadline: float | None = trio.current_time() + transport.settings.header_read_timeout
         self._idle_deadline = math.inf
@@ -68,12 +103,20 @@ class Http1Handler:
     def receive(self, data: bytes) -> None:
         if self._phase is _FINISHED:
             return  # closing: discard what the client still sends
-        self._h11.receive_data(data)
         if self._response is not None:
+            held = self._held
+            if held is not None:
+                held.append(data)
+            else:
+                self._h11.receive_data(data)
             self._pipelined += len(data)
             if self._pipelined > self._t.settings.max_pipelined_bytes:
                 self._t.pause_reading()
             return
+        if self._fresh and self._phase is _OPEN and self._serve_whole(data):
+            return
+        self._fresh = False
+        self._h11.receive_data(data)
         if data and self._request is None and self._head_deadline is None:
             self._head_deadline = trio.current_time() + self._t.settings.header_read_timeout
         self._process()
@@ -98,6 +141,37 @@ class Http1Handler:
             else:  # ConnectionClosed (PAUSED cannot happen without a response in flight)
                 self._finish()
 
+    def _serve_whole(self, data: bytes) -> bool:
+        """Serve the request ``data`` starts with without h11, if it is whole and
+        ordinary (see :mod:`.http1_fastpath`); False to leave ``data`` to h11."""
+        settings = self._t.settings
+        max_head, max_body = settings.max_header_bytes, settings.max_body_bytes
+        parsed = parse_whole_request(data, self._t.scheme, max_head, max_body, trio.current_time())
+        if parsed is None:
+            return False
+        request, end = parsed
+        self._raw = data[:end] if end < len(data) else data
+        self._held = [data[end:]] if end < len(data) else []
+        self._head_deadline = None
+        stream = self._open_response()
+        stream.bypassed = True
+        self._t.spawn(run_handler, self._t.app, request, stream, settings.faults)
+        return True
+
+    def _catch_up(self) -> None:
+        """Give h11 the bypassed request in flight (and what came after it), for a
+        response :func:`.chunked_head` cannot write: h11 is then where it would be had
+        it parsed the request itself (it accepts every request the fast path does)."""
+        conn = self._h11
+        conn.receive_data(self._raw)
+        event = conn.next_event()
+        while type(event) is not h11.EndOfMessage:
+            assert isinstance(event, h11.Request | h11.Data), event
+            event = conn.next_event()
+        for data in self._held or ():
+            conn.receive_data(data)
+        self._raw, self._held = b"", None
+
     def _wait_for_more(self) -> None:
         if self._request is not None:
             return  # reading a body: _on_head/_on_body set the deadline
@@ -107,7 +181,8 @@ class Http1Handler:
     def _on_head(self, request: h11.Request) -> None:
         self._request = request
         self._head_deadline = None
-        self._body_deadline = trio.current_time() + self._t.settings.body_read_timeout
+        self._received_at = trio.current_time()
+        self._body_deadline = self._received_at + self._t.settings.body_read_timeout
         self._refresh_body_deadline()
         # h11 bounds only heads that arrive in pieces; one that came whole is measured here.
         head_limit = self._t.settings.max_header_bytes
@@ -147,7 +222,7 @@ class Http1Handler:
         body = b"".join(self._body)
         self._body = []
         self._body_size = 0
-        request = _http_request(head, body, self._t.scheme)
+        request = _http_request(head, body, self._t.scheme, self._received_at)
         if _wants_h2c(head, body) and self._t.scheme == "http" and self._upgrade(head, request):
             return
         stream = self._open_response(head_only=request.method == "HEAD")
@@ -242,16 +317,32 @@ class Http1Handler:
         """The last chunk, then these fields (a chunked body; dropped otherwise)."""
         stream.end(trailers=fields)
 
+    def take_back(self, stream: Http1Response) -> None:
+        """Put the chunk :meth:`Http1Response.write` framed into the batch back into
+        ``stream``'s buffer (empty then), to leave in one chunk with what follows."""
+        framed = self._framed
+        if framed is not None:
+            self._framed = None
+            self._out.pop()
+            stream.chunks.append(framed)
+            stream.buffered = len(framed)
+
     def outgoing(self) -> bytes:
         stream = self._response
-        if stream is not None:
-            if stream.state is _STREAMING and stream.chunked and stream.buffered and not self._out:
-                # The per-token case: one chunk, what h11's send(Data(...)) would return.
+        out = self._out
+        # Nothing to render while a chunked body streams with nothing buffered.
+        if stream is not None and (stream.buffered or stream.state is not _STREAMING or not stream.chunked):
+            if stream.chunked and stream.buffered and stream.state is _STREAMING and not out:
+                # One step's writes as one chunk: what h11's send(Data(...)) would return.
                 return chunk(stream.take(stream.buffered))
             if not stream.state.closed:
-                self._render(stream, self._out)
-        out, self._out = self._out, []
-        return b"".join(out)
+                self._render(stream, out)
+        if not out:
+            return b""
+        self._framed = None
+        data = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        return data
 
     def _render(self, stream: Http1Response, out: list[bytes]) -> None:
         try:
@@ -261,9 +352,19 @@ class Http1Handler:
             self.connection_lost()
 
     def _render_events(self, stream: Http1Response, out: list[bytes]) -> None:
+        if stream.head_pending and stream.bypassed:
+            head = chunked_head(stream.status, stream.headers) if self._keeps_open() else None
+            if head is not None:
+                stream.take_head()
+                out.append(head)
+                stream.chunked = True
+                self._raw = b""  # (h11 will not need it: no request bytes kept per stream)
+            else:
+                self._catch_up()
+                stream.bypassed = False
         if stream.head_pending:
             status, headers = stream.take_head()
-            if self._phase is not _OPEN or self._t.shutting_down:
+            if not self._keeps_open():
                 headers = (*headers, _CLOSE)
             response = h11.Response(status_code=status, headers=list(headers), reason=reason_phrase(status))
             out.append(self._send(response))
@@ -277,9 +378,16 @@ class Http1Handler:
         if stream.fully_taken and not stream.end_sent:
             # Trailers need a chunked body: on a body with Content-Length they are dropped (api/http.py).
             trailers = stream.trailers if stream.chunked else ()
-            end = h11.EndOfMessage(headers=list(trailers)) if trailers else h11.EndOfMessage()
-            out.append(self._send(end))
+            if stream.bypassed:
+                out.append(last_chunk(trailers))
+            else:
+                end = h11.EndOfMessage(headers=list(trailers)) if trailers else h11.EndOfMessage()
+                out.append(self._send(end))
             stream.end_sent = True
+
+    def _keeps_open(self) -> bool:
+        """The connection stays open after this response (else it says ``Connection: close``)."""
+        return self._phase is _OPEN and not self._t.shutting_down
 
     def _send(self, event: h11.Event) -> bytes:
         data = self._h11.send(event)
@@ -290,24 +398,40 @@ class Http1Handler:
         stream = self._response
         if stream is None:
             return
-        stream.flushed()
+        if stream.drained_callbacks:  # (else BufferedResponse.flushed has nothing to do)
+            stream.flushed()
         if stream.end_sent:
             self._response_done(stream)
 
     def _response_done(self, stream: Http1Response) -> None:
         stream.finish()
         self._response = None
-        self._t.tracker.stream_closed()
-        self._t.tracker.request_served()
-        if self._phase is not _OPEN or self._t.shutting_down or self._h11.our_state is not h11.DONE:
+        tracker = self._t.tracker
+        tracker.stream_closed()
+        tracker.request_served()
+        if not self._keeps_open() or not (stream.bypassed or self._h11.our_state is h11.DONE):
             self._finish()  # Connection: close, HTTP/1.0, or an error answered early
             return
-        self._h11.start_next_cycle()
+        if stream.bypassed:  # h11 is still idle: give it what came meanwhile
+            held, self._held, self._raw = self._held or [], None, b""
+            for data in held:
+                self._h11.receive_data(data)
+            pending = any(held)
+        else:
+            self._h11.start_next_cycle()
+            pending = bool(self._h11.trailing_data[0])
+        settings = self._t.settings
         now = trio.current_time()
-        self._idle_deadline = now + self._t.settings.keep_alive_timeout
-        self._head_deadline = now + self._t.settings.header_read_timeout if self._h11.trailing_data[0] else None
-        self._t.resume_reading()
-        self._process()
+        self._idle_deadline = now + settings.keep_alive_timeout
+        if pending:
+            self._head_deadline = now + settings.header_read_timeout
+            self._t.resume_reading()
+            self._process()
+        else:  # what _process would do: NEED_DATA, wait for the next request
+            self._head_deadline = None
+            self._fresh = True
+            self._t.resume_reading()
+            self._t.set_read_deadline(self._idle_deadline)
 
     # --- lifecycle ---------------------------------------------------------------------
     def connection_lost(self) -> None:
@@ -332,7 +456,7 @@ class Http1Handler:
         self._t.wake_writer()
 
 
-def _http_request(head: h11.Request, body: bytes, scheme: str) -> HttpRequest:
+def _http_request(head: h11.Request, body: bytes, scheme: str, received_at: float) -> HttpRequest:
     path, query = split_target(head.target)
     return HttpRequest(
         method=head.method.decode("ascii"),
@@ -342,6 +466,7 @@ def _http_request(head: h11.Request, body: bytes, scheme: str) -> HttpRequest:
         body=body,
         http_version=head.http_version.decode("ascii"),
         scheme=scheme,
+        received_at=received_at,
     )
 
 

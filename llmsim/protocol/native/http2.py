@@ -22,7 +22,7 @@ import trio
 from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 
-from llmsim.api.http import HttpRequest, ResponseEvent, next_state
+from llmsim.api.http import HttpRequest, ResponseEvent, ResponseState, next_state
 from llmsim.protocol.native import h2_faults
 from llmsim.protocol.native.base import HandlerPhase, Transport
 from llmsim.protocol.native.frames import goaway_frame
@@ -30,11 +30,12 @@ from llmsim.protocol.native.h2_fastpath import (
     H2Stream,
     ServerConnection,
     last_stream_id,
+    send_data_now,
     sendable_stream,
     server_connection,
 )
 from llmsim.protocol.native.h2_guard import FrameGuard, StreamClock
-from llmsim.protocol.native.h2_headers import request_head, response_headers
+from llmsim.protocol.native.h2_headers import request_head, response_headers, with_body
 from llmsim.protocol.native.h2_output import Http2Output
 from llmsim.protocol.native.stream import OutboundStream, content_length, run_handler
 
@@ -45,6 +46,7 @@ log = logging.getLogger("llmsim.protocol")
 #: What a bad ``HTTP2-Settings`` header raises from h2 (the upgrade is then declined).
 UPGRADE_ERRORS = (ValueError, h2.exceptions.ProtocolError)
 _OPEN, _CLOSING, _FINISHED = HandlerPhase.OPEN, HandlerPhase.CLOSING, HandlerPhase.FINISHED
+_STREAMING = ResponseState.STREAMING
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -61,6 +63,36 @@ class Http2Stream(OutboundStream):
     # While the request arrives, when its body must be complete; while the response is
     # stalled on the client's flow-control window, when it is given up (h2_guard.StreamClock).
     deadline: float = attrs.field(default=math.inf, init=False)
+    received_at: float = attrs.field(default=0.0, init=False)  # the read that held its HEADERS
+
+    def write(self, data: bytes) -> bool:
+        """The per-token case goes straight into the connection's next batch as one DATA
+        frame (:func:`~.h2_fastpath.send_data_now`): the head is sent, nothing of the
+        body waits, the connection's earlier output is on the wire (not ``congested``),
+        the piece is small (below the low-water mark, so backpressure is as before: a
+        client that does not read congests the connection, and later writes buffer up to
+        the high-water mark), and the frame fits both windows.  Anything else buffers and
+        queues the stream for :meth:`Http2Output.outgoing`, as on every other backend."""
+        h2stream = self.h2stream
+        if (
+            h2stream is not None
+            and 0 < len(data) < self.low_water
+            and self.state is _STREAMING
+            and not (self.buffered or self.queued)
+        ):
+            host = self.host
+            frames = host._frames
+            first = not frames
+            if (
+                self.frame_at_once
+                and not host._t.congested
+                and not self.head_only
+                and send_data_now(frames, host._h2, h2stream, data)
+            ):
+                if first:
+                    host._t.wake_writer()
+                return True
+        return super().write(data)
 
 
 class Http2Handler(Http2Output):
@@ -81,7 +113,7 @@ class Http2Handler(Http2Output):
         self._streams: dict[int, Http2Stream] = {}
         self._ready = deque()
         self._sent = []  # streams that sent bytes in the last batch
-        self._prefix = preamble  # raw bytes ahead of h2's own: the 101, our GOAWAY
+        self._frames = [preamble] if preamble else []  # see Http2Output._frames
         self._body_bytes = 0  # request-body bytes buffered on all streams
         now = trio.current_time()
         self._guard = FrameGuard.for_settings(settings, self._h2.local_settings.max_frame_size, now)
@@ -91,6 +123,7 @@ class Http2Handler(Http2Output):
         self._stalled = StreamClock(settings.write_stall_timeout)
         self._idle_deadline = math.inf  # with no stream open: the keep-alive timeout
         self._starting: list[tuple[Http2Stream, HttpRequest]] = []  # complete requests of this read
+        self._read_at = now  # when the last read arrived
         self._stream_errors = 0  # the malformed requests h2 had reset when last looked at
         self._refused = 0  # streams refused beyond the stream limit in this read
         self._dispatch: dict[type[h2.events.Event], Callable[[Any], None]] = {
@@ -111,7 +144,8 @@ class Http2Handler(Http2Output):
 
     def serve_upgraded(self, request: HttpRequest) -> None:
         """Answer the HTTP/1.1 request that asked for ``Upgrade: h2c`` as stream 1."""
-        stream = self._open_stream(1, request)
+        now = trio.current_time()
+        stream = self._open_stream(1, request, now if request.received_at is None else request.received_at)
         self._start_handler(stream)
         self._start_handlers()
         self._update_read_deadline()
@@ -124,7 +158,8 @@ class Http2Handler(Http2Output):
         if self._phase is _FINISHED or not data:
             return  # EOF: connection_lost follows
         guard = self._guard
-        accepted, refusal = guard.scan(data, trio.current_time())
+        self._read_at = now = trio.current_time()  # (when this read's requests arrived)
+        accepted, refusal = guard.scan(data, now)
         try:
             events = self._h2.receive_data(data if refusal is None else data[:accepted])
         except h2.exceptions.ProtocolError as exc:
@@ -162,13 +197,20 @@ class Http2Handler(Http2Output):
 
     def _on_request(self, event: h2.events.RequestReceived) -> None:
         sid = event.stream_id
+        block = self._h2.plain_requests.pop(sid, None)
         if self._phase is not _OPEN or len(self._streams) >= self._t.settings.max_concurrent_streams:
             self._h2.reset_stream(sid, ErrorCodes.REFUSED_STREAM)
             self._refused += self._phase is _OPEN  # (a client that ignores the advertised limit)
             return
-        assert event.headers is not None
-        stream = self._open_stream(sid, request_head(event.headers, self._t.scheme))
-        length = content_length(event.headers)
+        # A block seen before (h2_inbound.Block) gives the same head: it is made once.
+        known: tuple[HttpRequest, int | None] | None = None if block is None else block.head
+        if known is None:
+            assert event.headers is not None
+            known = request_head(event.headers, self._t.scheme), content_length(event.headers)
+            if block is not None:
+                block.head = known
+        request, length = known
+        stream = self._open_stream(sid, request, self._read_at)
         if length is not None and length > self._t.settings.max_body_bytes:
             self._refuse_body(stream)
 
@@ -258,7 +300,7 @@ class Http2Handler(Http2Output):
         return self._phase is not _FINISHED
 
     # --- streams -----------------------------------------------------------------------
-    def _open_stream(self, stream_id: int, request: HttpRequest) -> Http2Stream:
+    def _open_stream(self, stream_id: int, request: HttpRequest, received_at: float) -> Http2Stream:
         settings = self._t.settings
         stream = Http2Stream(
             host=self,
@@ -269,13 +311,16 @@ class Http2Handler(Http2Output):
             request=request,
         )
         self._streams[stream_id] = stream
-        self._receiving.add(stream, trio.current_time())
+        stream.received_at = received_at
+        self._receiving.add(stream, received_at)
         self._t.tracker.stream_opened()
         return stream
 
     def _start_handler(self, stream: Http2Stream) -> None:
         assert stream.request is not None
-        request = attrs.evolve(stream.request, body=b"".join(stream.body)) if stream.body else stream.request
+        head, body = stream.request, stream.body
+        # Always a request of its own: the head may be a remembered block's, shared.
+        request = with_body(head, b"".join(body) if body else head.body, stream.received_at)
         self._release(stream)
         self._starting.append((stream, request))
 
@@ -370,12 +415,12 @@ class Http2Handler(Http2Output):
         connection closes once the streams up to ``stream`` are done.  With an error
         ``code``: GOAWAY(``code``, the last stream the client opened), then close."""
         if code is not None and self._phase is not _FINISHED:
-            self._prefix += goaway_frame(last_stream_id(self._h2), code)
+            self._frames.append(goaway_frame(last_stream_id(self._h2), code))
             self.inject_close(stream)
         if self._phase is not _OPEN:
             return
         self._phase = _CLOSING
-        self._prefix += goaway_frame(stream.stream_id)
+        self._frames.append(goaway_frame(stream.stream_id))
         for later in [other for other in self._streams.values() if other.stream_id > stream.stream_id]:
             self.inject_reset(later, ErrorCodes.REFUSED_STREAM)
         self._t.wake_writer()
@@ -391,7 +436,7 @@ class Http2Handler(Http2Output):
         if stream.stream_id not in self._streams:
             return False
         limit = self._t.settings.max_concurrent_streams
-        self._prefix += h2_faults.control_frames(self._h2, stream.stream_id, kind, count, limit)
+        self._frames.append(h2_faults.control_frames(self._h2, stream.stream_id, kind, count, limit))
         self._t.wake_writer()
         return True
 
@@ -401,7 +446,7 @@ class Http2Handler(Http2Output):
         frames = h2_faults.padded_data(self._h2, stream.stream_id, data, padding)
         if frames is None:
             return False
-        self._prefix += frames
+        self._frames.append(frames)
         self._t.wake_writer()
         return True
 
@@ -410,7 +455,7 @@ class Http2Handler(Http2Output):
             return False
         status, headers = stream.take_head()
         fields = response_headers(status, headers)
-        self._prefix += h2_faults.head_frames(self._h2, stream.stream_id, fields, size)
+        self._frames.append(h2_faults.head_frames(self._h2, stream.stream_id, fields, size))
         stream.h2stream = sendable_stream(self._h2, stream.stream_id)
         self._t.wake_writer()
         return True
@@ -423,7 +468,7 @@ class Http2Handler(Http2Output):
         self._h2.send_headers(stream.stream_id, list(fields), end_stream=True)
         out: list[bytes] = []
         self._done(stream, out)
-        self._prefix += b"".join(out)
+        self._frames.extend(out)
         self._t.wake_writer()
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -440,7 +485,7 @@ class Http2Handler(Http2Output):
         if self._phase is not _OPEN:
             return
         self._phase = _CLOSING
-        self._prefix += goaway_frame(last_stream_id(self._h2))
+        self._frames.append(goaway_frame(last_stream_id(self._h2)))
         if not self._streams:
             self._phase = _FINISHED
         self._t.wake_writer()

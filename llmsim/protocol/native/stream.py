@@ -121,7 +121,11 @@ async def run_handler(
     checkpoint: parsing, tokenizing, planning and queueing, for a client long gone)."""
     if stream.state.closed:
         return
-    header = next((value for name, value in request.headers if name == FAULT_HEADER), None)
+    header = None
+    for name, value in request.headers:  # (a loop: a generator costs more, per request)
+        if name == FAULT_HEADER:
+            header = value
+            break
     if header is None and faults is not None:
         header = faults.global_faults(request)
     if header is not None:

@@ -262,6 +262,9 @@ def test_backpressure_pauses_and_resumes_without_losing_tokens() -> None:
 
 
 class _BrokenRenderer(ChatStreamRenderer):
+    def plain_tokens(self) -> None:
+        return None  # every token through render(), which fails
+
     def render(self, job: Job, start: int, stop: int) -> bytes:
         if start > 0:
             raise RuntimeError("renderer bug")
@@ -402,3 +405,31 @@ def test_prompt_tokens_details_in_the_body_with_the_flag() -> None:
         "prompt_tokens_details": {"cached_tokens": 0, "created_cache_tokens": 32, "multimodal_tokens": None},
         "completion_tokens_details": None,
     }
+
+
+PIECES = ("He", 'said "hi"', "\n", "\\", "\u00e9t\u00e9", "\U0001f600", "\x1f", "</s>", "")
+
+
+class _RenderEveryToken(ChatStreamRenderer):
+    def plain_tokens(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("choices", [1, 3])
+def test_the_sinks_token_path_writes_what_render_returns(choices: int) -> None:
+    """StreamingSink builds a middle token's chunk itself (PlainTokens): the stream must
+    be byte for byte the one render() makes for every token, escapes and choices included."""
+    bodies = []
+    for renderer_class in (ChatStreamRenderer, _RenderEveryToken):
+        renderer = renderer_class(response_id="chatcmpl-1", created=1, model="m", choices=choices, include_usage=True)
+        run = EngineRun(**LATENCY)
+        sink = run.streaming_sink(renderer, choices)
+        run.submit([make_job(sink, PIECES, index=index) for index in range(choices)])
+        run.run()
+        bodies.append(run.response.body)
+    assert (
+        ChatStreamRenderer(response_id="c", created=1, model="m", choices=1, include_usage=False).plain_tokens()
+        is not None
+    )
+    assert bodies[0] == bodies[1]
+    assert bodies[0].count(b'"delta":{"content":') >= choices * (len(PIECES) - 2)

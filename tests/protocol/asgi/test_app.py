@@ -109,9 +109,12 @@ async def test_get_builds_the_request_and_sends_one_response() -> None:
     app = FnApp(answer_json)
     peer = Peer.new(request_message())
     scope = http_scope("GET", "/v1/models", b"a=1&b=2", [(b"Host", b"sim"), (b"X-Request-Id", b"7")])
+    called_at = trio.current_time()
     await AsgiApp(app)(scope, peer.receive, peer.send)
 
     (request,) = app.requests
+    # Arrived when the call began (hypercorn gives no earlier time): a TTFT counts from there.
+    assert request.received_at is not None and called_at <= request.received_at <= trio.current_time()
     assert request == HttpRequest(
         method="GET",
         path="/v1/models",
@@ -120,6 +123,7 @@ async def test_get_builds_the_request_and_sends_one_response() -> None:
         body=b"",
         http_version="2",
         scheme="https",
+        received_at=request.received_at,
     )
     data = b'{"path":"/v1/models","body":""}'
     assert peer.all_sent() == [start(200, [*JSON, (b"content-length", b"31")]), body(data, False)]

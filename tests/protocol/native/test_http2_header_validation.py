@@ -352,6 +352,21 @@ def test_random_header_blocks_are_handled_exactly_as_by_h2(
     compare(requests)
 
 
+@given(st.lists(requests(), min_size=1, max_size=3), st.integers(2, 4))
+def test_repeated_header_blocks_are_handled_exactly_as_by_h2(
+    requests: list[tuple[Headers, Headers | None, bool]], times: int
+) -> None:
+    """The same requests again and again: from the second time on the same bytes (every
+    field indexed), which the server's connection decodes and checks from memory
+    (h2_inbound.CachingDecoder, and the verdict on an ordinary head)."""
+    compare(requests * times)
+
+
+def test_a_remembered_ordinary_head_sent_as_trailers_is_still_refused_as_by_h2() -> None:
+    plain = [*REQUEST, (b"accept", b"*/*")]
+    compare([(plain, None, False), (plain, None, False), (plain, None, False), (plain, plain, False)])
+
+
 # --- the response head: h2_fastpath.send_headers against h2's send_headers ------------------
 
 STATUSES = st.sampled_from([200, 204, 404, 500, 2000])
