@@ -18,7 +18,7 @@ import attrs
 
 from benchmarks.loadgen.records import chat_body
 
-__all__ = ["H2loadResult", "h2load_command", "request_files", "run_h2load", "shell", "wrk_command"]
+__all__ = ["H2loadResult", "h2load_command", "parse_h2load", "request_files", "run_h2load", "shell", "wrk_command"]
 
 _FINISHED = re.compile(r"finished in ([\d.]+)(m?s), ([\d.]+) req/s")
 _REQUESTS = re.compile(
@@ -90,6 +90,11 @@ def run_h2load(command: list[str], timeout: float) -> H2loadResult | None:
     if shutil.which(command[0]) is None:
         return None
     output = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False).stdout
+    return parse_h2load(command, output)
+
+
+def parse_h2load(command: list[str], output: str) -> H2loadResult:
+    """h2load's summary; raises on output it cannot parse."""
     finished, requests = _FINISHED.search(output), _REQUESTS.search(output)
     if finished is None or requests is None:
         raise RuntimeError(f"unexpected h2load output:\n{output[-2000:]}")

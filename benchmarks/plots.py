@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import matplotlib.ticker
 
-__all__ = ["ceiling", "fidelity", "memory", "metrics", "soak_rss", "throughput"]
+__all__ = ["ceiling", "fidelity", "memory", "metrics", "paced_cost", "soak_rss", "throughput"]
 
 _MS_TICKS = (0, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000)
 
@@ -148,5 +148,48 @@ def soak_rss(curve: list[tuple[float, int]], flat: bool, path: Path) -> None:
     axis.grid(True, alpha=0.3)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def paced_cost(payload: dict[str, Any], path: Path) -> None:
+    """The paced_cost scenario: server µs per token by load (bars per server, goal lines),
+    and the latency errors against the configuration (fidelity at 2,000 streams, low load)."""
+    figure, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    rows = [r for r in payload["cost"] if r["max_tokens"] == min(payload["configured"]["max_tokens"])]
+    loads = list(dict.fromkeys(r["load"] for r in rows))
+    servers = list(dict.fromkeys(r["server"] for r in rows))
+    width = 0.8 / len(servers)
+    for index, server in enumerate(servers):
+        mine = {r["load"]: r for r in rows if r["server"] == server}
+        xs = [i + (index - (len(servers) - 1) / 2) * width for i in range(len(loads))]
+        values = [mine[load]["us_per_token"] if load in mine else 0 for load in loads]
+        bars = left.bar(xs, values, width, label=server)
+        left.bar_label(bars, [f"{value:.1f}" for value in values], fontsize=8)
+    for load_index, load in enumerate(loads):
+        goal = payload["goals"]["us_per_token_http2" if load.startswith("h2") else "us_per_token_http1"]
+        left.hlines(goal, load_index - 0.45, load_index + 0.45, colors="black", linestyles="--")
+    left.set_xticks(range(len(loads)), loads)
+    left.set_ylabel("server CPU µs per token (user + sys)")
+    left.set_title("paced tokens (dashed: goal)")
+    left.legend(fontsize=8)
+    latency = [*payload.get("fidelity_2000", []), *payload.get("low_load", [])]
+    labels = [f"{r['server']}\n{r['load']} {r['ttft_configured'] * 1000:g}ms" for r in latency]
+    xs = list(range(len(latency)))
+    for offset, key, name in (
+        (-0.3, "ttft_p50", "TTFT p50"),
+        (-0.1, "ttft_p99", "TTFT p99"),
+        (0.1, "itl_p50", "ITL p50"),
+        (0.3, "itl_p99", "ITL p99"),
+    ):
+        values = [r[f"{key}_error_percent"] for r in latency]
+        right.bar([x + offset for x in xs], [0 if v is None else v for v in values], 0.2, label=name)
+    right.axhline(0, color="black", linewidth=1)
+    right.set_yscale("symlog", linthresh=1)
+    right.set_xticks(xs, labels, rotation=60, ha="right", fontsize=7)
+    right.set_ylabel("error vs configured, % (symlog)")
+    right.set_title("latency error: 2,000 HTTP/2 streams, then low load (HTTP/1.1)")
+    right.legend(fontsize=8)
+    figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)

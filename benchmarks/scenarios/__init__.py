@@ -16,12 +16,14 @@ class Options:
 
     ``quick`` shortens every timed load (for smoke runs; the numbers get noisier);
     ``processes`` is how many load-generator worker processes share the connections;
-    ``against`` is the other llmsim checkout of the ``compare`` scenario.
+    ``against`` is the other llmsim checkout of the ``compare`` and ``paced_cost``
+    scenarios; ``rounds``, when set, overrides a scenario's number of rounds.
     """
 
     quick: bool = False
     processes: int = 2
     against: Path | None = None
+    rounds: int | None = None
     results_dir: Path = Path(__file__).resolve().parent.parent / "results"
 
     @property

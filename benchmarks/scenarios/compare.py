@@ -30,7 +30,9 @@ OLD = "--against"
 
 def _servers(against: Path) -> tuple[ServerSpec, ServerSpec]:
     new = llmsim(NEW, "--server", "native", *ROOMY, *ZERO_LATENCY)
-    old = ServerSpec(OLD, ("env", f"PYTHONPATH={against}", *new.argv))
+    # PYTHONSAFEPATH: ``python -m`` puts the working directory ahead of PYTHONPATH, so run
+    # from this checkout it would start this checkout's llmsim on both sides.
+    old = ServerSpec(OLD, ("env", f"PYTHONPATH={against}", "PYTHONSAFEPATH=1", *new.argv))
     return old, new
 
 
