@@ -28,7 +28,7 @@ import trio
 __all__ = ["StepTimer"]
 
 _CLOCK_MONOTONIC = 1  # trio's system clock is time.perf_counter(): CLOCK_MONOTONIC on Linux
-_TFD_NONBLOCK = os.O_NONBLOCK
+_TFD_NONBLOCK = getattr(os, "O_NONBLOCK", 0o4000)  # (read where there is no timerfd either)
 _TFD_CLOEXEC = 0o2000000
 
 
@@ -59,7 +59,7 @@ class StepTimer:
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             create, settime = libc.timerfd_create, libc.timerfd_settime
-        except (OSError, AttributeError):
+        except (OSError, AttributeError, TypeError):  # TypeError: CDLL(None) on Windows
             return None
         create.argtypes = [ctypes.c_int, ctypes.c_int]
         create.restype = ctypes.c_int

@@ -116,6 +116,7 @@ class Engine(Admission, Timetable):
         self._steps = 0
         self._late_steps = 0
         self._max_lateness = 0.0
+        self._last_step = -math.inf  # the time of the last step()
 
     # --- configuration -----------------------------------------------------------------
 
@@ -254,6 +255,7 @@ class Engine(Admission, Timetable):
         """Do everything due at or before ``now`` (with a step quantum: every token whose
         grid time has come), calling the jobs' sinks (while paused with
         :attr:`PauseState.PAUSED_ALL`, only the answers of jobs ended at admission)."""
+        last_step, self._last_step = self._last_step, now
         earliest = self._deliver_ended(now)
         if self._pause_state is PauseState.PAUSED_ALL:
             return
@@ -284,7 +286,9 @@ class Engine(Admission, Timetable):
             self.metrics.step_done(self._generated_tokens - generated_before)
         self._fill_slots(now)
         if earliest != math.inf:
-            self._record_step(now - earliest)
+            # A job submitted with an arrival before the last step could not have been
+            # served earlier than this step: its lateness counts from the last step.
+            self._record_step(now - max(earliest, last_step))
 
     # --- sleep mode (llmsim/engine/pause.py) -------------------------------------------------
 
@@ -430,6 +434,8 @@ class Engine(Admission, Timetable):
                     job.deadline = deadline
                     if deadline > reach:
                         slot = math.ceil(deadline * inverse_grid - GRID_SHIFT) * grid if grid else deadline
+                        if slot <= now:  # a float hair off: it would be popped again in this step
+                            slot = READY
                     else:
                         slot = READY
                     job.slot = slot

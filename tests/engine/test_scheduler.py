@@ -56,6 +56,17 @@ def test_a_job_that_arrived_before_the_last_step_counts_from_its_arrival(ttft: f
     assert histograms["e2e_request_latency_seconds"].sum == pytest.approx(ttft + 0.04)
 
 
+def test_a_job_back_dated_before_the_last_step_is_not_a_late_step() -> None:
+    """Reading and parsing the request is not the engine's lateness: a first token due
+    before the last step, for a job submitted after it, counts from that step."""
+    engine = build_engine(Config(time_to_first_token=0.0, inter_token_latency=0.02))
+    engine.step(0.05)
+    engine.submit(planned_job(prompt=0, output=1), 0.045)  # arrived 5 ms before that step
+    engine.step(0.0502)
+    assert engine.statistics().late_steps == 0
+    assert engine.statistics().max_lateness == pytest.approx(0.0002)
+
+
 @pytest.mark.parametrize("calculator", ["per-token", ""])
 def test_per_token_ttft_skips_cached_tokens(calculator: str) -> None:
     config = Config(latency_calculator=calculator, prefill_overhead=0.01, prefill_time_per_token=0.001)

@@ -60,6 +60,7 @@ class Http2Output:
     # what receiving made (ACKs, WINDOW_UPDATE, RST_STREAM, GOAWAY on an error), which may
     # follow those frames.
     _frames: list[bytes]
+    _batch: int  # outgoing() calls so far: the batch the next frames belong to
 
     @abc.abstractmethod
     def _drop(self, stream: Http2Stream) -> None:
@@ -87,6 +88,7 @@ class Http2Output:
         h2conn = self._h2
         out = self._frames
         self._frames = []
+        self._batch += 1
         out.append(h2conn.data_to_send())
         self._guard.taken()
         ready = self._ready

@@ -113,7 +113,13 @@ class Http1Handler:
             if self._pipelined > self._t.settings.max_pipelined_bytes:
                 self._t.pause_reading()
             return
-        if self._fresh and self._phase is _OPEN and self._serve_whole(data):
+        if (
+            self._fresh
+            and self._phase is _OPEN
+            and self._request is None
+            and not self._h11.trailing_data[0]
+            and self._serve_whole(data)
+        ):
             return
         self._fresh = False
         self._h11.receive_data(data)
@@ -424,6 +430,9 @@ class Http1Handler:
         now = trio.current_time()
         self._idle_deadline = now + settings.keep_alive_timeout
         if pending:
+            # h11 holds the start of what comes next: only h11 may read on from here
+            # (the fast path would take the next bytes for a new request).
+            self._fresh = False
             self._head_deadline = now + settings.header_read_timeout
             self._t.resume_reading()
             self._process()

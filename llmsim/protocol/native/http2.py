@@ -64,34 +64,34 @@ class Http2Stream(OutboundStream):
     # stalled on the client's flow-control window, when it is given up (h2_guard.StreamClock).
     deadline: float = attrs.field(default=math.inf, init=False)
     received_at: float = attrs.field(default=0.0, init=False)  # the read that held its HEADERS
+    # Bytes framed at once (write) into the handler's batch number ``framed_batch``.
+    framed: int = attrs.field(default=0, init=False)
+    framed_batch: int = attrs.field(default=-1, init=False)
 
     def write(self, data: bytes) -> bool:
         """The per-token case goes straight into the connection's next batch as one DATA
         frame (:func:`~.h2_fastpath.send_data_now`): the head is sent, nothing of the
         body waits, the connection's earlier output is on the wire (not ``congested``),
-        the piece is small (below the low-water mark, so backpressure is as before: a
-        client that does not read congests the connection, and later writes buffer up to
-        the high-water mark), and the frame fits both windows.  Anything else buffers and
-        queues the stream for :meth:`Http2Output.outgoing`, as on every other backend."""
+        the frame fits both windows, and with it the stream has framed less than the
+        low-water mark into this batch.  So backpressure is as before: a client that does
+        not read congests the connection, a producer that writes much between two
+        batches goes past the low-water mark, and from there writes buffer on the
+        stream up to the high-water mark.  Anything else buffers and queues the stream
+        for :meth:`Http2Output.outgoing`, as on every other backend."""
         h2stream = self.h2stream
-        if (
-            h2stream is not None
-            and 0 < len(data) < self.low_water
-            and self.state is _STREAMING
-            and not (self.buffered or self.queued)
-        ):
+        size = len(data)
+        if h2stream is not None and size and self.state is _STREAMING and not (self.buffered or self.queued):
             host = self.host
-            frames = host._frames
-            first = not frames
-            if (
-                self.frame_at_once
-                and not host._t.congested
-                and not self.head_only
-                and send_data_now(frames, host._h2, h2stream, data)
-            ):
-                if first:
-                    host._t.wake_writer()
-                return True
+            batch = host._batch
+            framed = (self.framed if self.framed_batch == batch else 0) + size
+            if framed < self.low_water and self.frame_at_once and not host._t.congested and not self.head_only:
+                frames = host._frames
+                first = not frames
+                if send_data_now(frames, host._h2, h2stream, data):
+                    self.framed, self.framed_batch = framed, batch
+                    if first:
+                        host._t.wake_writer()
+                    return True
         return super().write(data)
 
 
@@ -114,6 +114,7 @@ class Http2Handler(Http2Output):
         self._ready = deque()
         self._sent = []  # streams that sent bytes in the last batch
         self._frames = [preamble] if preamble else []  # see Http2Output._frames
+        self._batch = 0
         self._body_bytes = 0  # request-body bytes buffered on all streams
         now = trio.current_time()
         self._guard = FrameGuard.for_settings(settings, self._h2.local_settings.max_frame_size, now)

@@ -8,6 +8,7 @@ import trio
 import trio.testing
 from h2.errors import ErrorCodes
 
+from llmsim.api.http import ResponseStream
 from tests.protocol.helpers import H1Client, H2Client, StreamRecord, TestApp, open_memory_connection, settings
 
 
@@ -335,3 +336,32 @@ async def test_a_stalled_request_body_is_reset_after_the_body_read_timeout(
     assert later.headers is not None and later.headers[b":status"] == b"200"
     assert json.loads(later.body)["body"] == "ok"
     assert not client.goaways and [r.path for r in app.requests] == ["/echo"]
+
+
+async def test_writes_between_two_batches_feel_the_water_marks() -> None:
+    """A producer that writes much without yielding, to a client whose windows are wide
+    open: only up to the low-water mark is framed at once into the coming batch
+    (Http2Stream.write), the rest buffers on the stream, and write() says False at the
+    high-water mark, as the ResponseStream contract promises."""
+    go = trio.Event()
+    accepted: list[bool] = []
+    low, high = settings().low_water, settings().high_water
+
+    class Burst:
+        async def handle(self, request: object, response: ResponseStream) -> None:
+            response.start(200, [(b"content-type", b"text/event-stream")])
+            await go.wait()  # the head is on the wire: writes may be framed at once
+            accepted.extend(response.write(b"x" * 1000) for _ in range(300))
+            response.end()
+
+    async with open_memory_connection(Burst()) as mc:
+        client = H2Client(mc.client)
+        await client.start(INITIAL_WINDOW_SIZE=2**31 - 1)
+        client.conn.increment_flow_control_window(2**31 - 1 - 65_535)
+        sid = await client.request("/burst")
+        await trio.testing.wait_all_tasks_blocked()
+        go.set()
+        record = await client.response(sid)
+    assert record.body == b"x" * 300_000
+    refused = accepted.index(False)
+    assert refused * 1000 <= low + high, refused  # unsent bytes stayed within the water marks
