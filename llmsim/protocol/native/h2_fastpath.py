@@ -290,33 +290,14 @@ def sendable_stream(conn: h2.connection.H2Connection, stream_id: int) -> H2Strea
     return stream if state is _HALF_CLOSED_REMOTE or state is _OPEN else None
 
 
-def send_buffered(
-    out: list[bytes], conn: h2.connection.H2Connection, stream: H2Stream, chunks: list[bytes], size: int
-) -> bool:
-    """The per-token case, in one call: if the ``chunks`` buffered on a response
-    (``size`` bytes in all) fit one DATA frame and both windows, and both state
-    machines are where :func:`sendable_stream` requires, append that frame (without
-    END_STREAM) to ``out``, account it as :func:`send_data` does, empty ``chunks`` and
-    return True; otherwise change nothing and return False (the general path takes over).
-
-    (Attribute access on purpose: this runs once per stream per engine step, and every
-    call here costs a few percent of the server.)
-    """
-    state = stream.state_machine.state
-    max_frame = conn.max_outbound_frame_size
-    if not (
-        (state is _HALF_CLOSED_REMOTE or state is _OPEN)
-        and size <= max_frame
-        and size <= conn.outbound_flow_control_window
-        and size <= stream.outbound_flow_control_window
-        and conn.state_machine.state is _SERVER_OPEN
-    ):
-        return False
+def send_buffered(out: list[bytes], conn: h2.connection.H2Connection, stream: H2Stream, chunks: list[bytes]) -> bool:
+    """The buffered per-token case: the ``chunks`` buffered on a response, joined, as
+    :func:`send_data_now` sends one piece; True (and ``chunks`` emptied) if they went
+    into ``out``, else nothing changed (the general path takes over)."""
     data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    if not send_data_now(out, conn, stream, data):
+        return False
     chunks.clear()
-    conn.outbound_flow_control_window -= size
-    stream.outbound_flow_control_window -= size
-    data_frames(out, stream.stream_id, data, max_frame, False)
     return True
 
 

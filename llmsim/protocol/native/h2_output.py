@@ -98,12 +98,12 @@ class Http2Output:
             stream.queued = False
             # The per-token case first: the head is sent, the body open, and everything
             # buffered fits one DATA frame and both windows (h2_fastpath.send_buffered).
-            h2stream, size = stream.h2stream, stream.buffered
+            h2stream = stream.h2stream
             if (
                 h2stream is not None
-                and size
+                and stream.buffered
                 and stream.state is _STREAMING
-                and send_buffered(out, h2conn, h2stream, stream.chunks, size)
+                and send_buffered(out, h2conn, h2stream, stream.chunks)
             ):
                 stream.buffered = 0
                 if stream.drained_callbacks:
