@@ -10,10 +10,11 @@ example on a busy machine is not a failure, a hung test is, and the timeout belo
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import shutil
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
 from typing import Any
 
@@ -34,6 +35,21 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "quick"))
 def backend(request: pytest.FixtureRequest) -> str:
     """The server backend under test: llmsim's own handlers, or the ASGI app under hypercorn."""
     return request.param
+
+
+@pytest.fixture
+def settled_heap() -> Iterator[None]:
+    """For a test that holds real-clock latencies to bounds: the heap the whole session
+    has built (about half a million objects by the end-to-end tests) is collected and
+    frozen first, so that no full collection over it stops the server in the middle.
+    Such a pass took up to 0.5 s here and landed in whichever test allocated at that
+    moment (a server's own process collects rarely: ``llmsim.cli.SERVER_GC_THRESHOLDS``)."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def require_tool(name: str) -> str:

@@ -125,6 +125,7 @@ async def test_generate_takes_text_and_honours_stop_token_ids(nursery: trio.Nurs
     assert answered[-1].complete.prompt_tokens > 0
 
 
+@pytest.mark.usefixtures("settled_heap")
 async def test_100_concurrent_streams_keep_the_configured_ttft_and_itl(nursery: trio.Nursery) -> None:
     """100 grpc.aio streams at once: each one's first token about TTFT after the call,
     and its tokens about ITL apart (the machine may be loaded: medians, generous bounds)."""
