@@ -109,8 +109,7 @@ class Engine(Admission, Timetable):
         self._quantum_target = 0.0
         self._fixed_itl: float | None = None
         self._configure()
-        self._callback_job: Job | None = None
-        self._callback_resumed = False
+        self._callback_job: Job | None = None  # the job whose sink _run is calling
         self._generated_tokens = 0
         self._prompt_tokens = 0
         self._steps = 0
@@ -216,7 +215,7 @@ class Engine(Admission, Timetable):
         ``max(job.deadline, now)`` (while the engine is frozen, at the freeze's start at the
         latest: the wake-up shifts it by the frozen time).  A no-op for jobs not paused."""
         if job is self._callback_job:
-            self._callback_resumed = True
+            self._callback_job = None  # (its sink's call is under way: _run will not pause it)
             return
         if not job.paused or job.state is not JobState.DECODING:
             return
@@ -383,6 +382,8 @@ class Engine(Admission, Timetable):
         buckets = self._buckets
         itl_histogram = self.metrics.inter_token_latency
         itl_bounds, itl_counts = itl_histogram.bounds, itl_histogram.counts
+        # The ITL bucket of the last ITL: (low, high], counts[index].  Empty at first.
+        low, high, index, last_bound = math.inf, -math.inf, 0, len(itl_bounds)
         itl_sum = 0.0
         done = 0
         generated = 0
@@ -399,7 +400,11 @@ class Engine(Admission, Timetable):
                 start = job.emitted
                 if start:  # one inter-token latency per output, however many tokens it carries
                     itl = now - job.last_token_time
-                    itl_counts[bisect_left(itl_bounds, itl)] += 1
+                    if not low < itl <= high:  # (the jobs of a bucket mostly share one ITL)
+                        index = bisect_left(itl_bounds, itl)
+                        low = itl_bounds[index - 1] if index else -math.inf
+                        high = itl_bounds[index] if index < last_bound else math.inf
+                    itl_counts[index] += 1
                     itl_sum += itl
                 job.last_token_time = now
                 total = len(job.output)
@@ -450,18 +455,17 @@ class Engine(Admission, Timetable):
                             heapq.heappush(self._times, slot)
                         else:
                             bucket.append(job)
+                # A resume() of this job during the call clears _callback_job: the job
+                # is not paused then (see resume; cleared for good when the loop ends).
                 self._callback_job = job
-                self._callback_resumed = False
-                try:
-                    keep_going = job.sink.on_output(job, start, stop, now)
-                finally:
-                    self._callback_job = None
-                if not keep_going and not self._callback_resumed and job.state is _DECODING:
+                keep_going = job.sink.on_output(job, start, stop, now)
+                if not keep_going and self._callback_job is job and job.state is _DECODING:
                     job.paused = True
         except BaseException:
             self._put_back(jobs[done:], time, due)  # a sink raised: the rest is still due
             raise
         finally:
+            self._callback_job = None
             self._generated_tokens += generated
             itl_histogram.sum += itl_sum
 

@@ -6,14 +6,21 @@ definition in vLLM 0.33's ``vllm/v1/metrics/stats.py`` applied to the job's time
 
 from __future__ import annotations
 
+import bisect
+import math
+import random
+from itertools import pairwise
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from llmsim.app import build_engine
 from llmsim.config import Config
 from llmsim.engine import Engine, QueueFullError
 from llmsim.engine.job import RequestGroup
 from llmsim.engine.metrics import EngineMetrics, Histogram, MetricsSnapshot
-from llmsim.engine.testing import planned_job, run_until_idle
+from llmsim.engine.testing import planned_job, recording_sink, run_until_idle
 
 
 def _engine(**settings: object) -> tuple[Engine, EngineMetrics]:
@@ -153,3 +160,63 @@ def test_cached_prompt_tokens_are_hits_not_computed() -> None:
     assert (snapshot.prefix_cache_queries, snapshot.prefix_cache_hits) == (32, 16)
     assert (snapshot.prompt_tokens_computed, snapshot.prompt_tokens_cached) == (16, 16)
     assert snapshot.histograms["request_prefill_kv_computed_tokens"].sum == 16
+
+
+@given(seed=st.integers(0, 2**32 - 1), quantum=st.sampled_from([0.0, 0.002, 0.005, 0.01]), jobs=st.integers(4, 40))
+def test_every_inter_token_latency_lands_in_its_own_bucket(seed: int, quantum: float, jobs: int) -> None:
+    """The engine's per-token path reuses the last ITL's bucket while the next ITL falls
+    in it (scheduler.Engine._run); the counts must still be those of bisecting each ITL,
+    i.e. vLLM's histogram of the gaps between a request's outputs.  ITLs here straddle
+    the 25 ms bound (mean 25 ms, std dev 7.5 ms; the 10 ms and 50 ms bounds are near).
+    Within a grid bucket the ITLs come in non-increasing order (jobs join it in the order
+    they emitted); a late driver's catch-up and ready list mix them up."""
+    engine = build_engine(
+        Config(time_to_first_token=0.05, inter_token_latency=0.025, inter_token_latency_std_dev=0.0075, seed=seed)
+    )
+    if quantum:
+        engine.set_step_quantum(quantum)
+    submitted = [planned_job(output=8 + index) for index in range(jobs)]
+    for index, job in enumerate(submitted):
+        engine.submit(job, index * 0.003)
+    late = random.Random(seed)  # a driver that wakes up late, up to 15 ms: catch-up, the ready list
+    while (deadline := engine.next_deadline()) != math.inf:
+        engine.step(deadline + late.choice([0.0, 0.0, late.uniform(0.0, 0.015)]))
+    histogram = engine.metrics.inter_token_latency
+    expected = [0] * (len(histogram.bounds) + 1)
+    total = 0.0
+    for job in submitted:
+        for gap in (b - a for a, b in pairwise(recording_sink(job).times)):
+            expected[bisect.bisect_left(histogram.bounds, gap)] += 1
+            total += gap
+    assert histogram.counts == expected
+    assert sum(1 for count in expected if count) >= 2  # (else the test proves little)
+    assert histogram.sum == pytest.approx(total)
+
+
+def test_a_longer_inter_token_latency_after_a_shorter_one_in_the_same_step_gets_its_own_bucket() -> None:
+    """Within one grid time the jobs mostly come in non-increasing ITL order (they join
+    it in the order they emitted), but jobs resumed after a pause go out in the order
+    they were resumed: here C (30 ms since its last token) and then A (90 ms) in the same
+    step, so the bucket reused from C's ITL must not take A's."""
+    engine = build_engine(Config(time_to_first_token=0.1, inter_token_latency=0.02))
+    engine.set_step_quantum(0.01)
+    c = planned_job(output=6)
+    a = planned_job(output=6)
+    engine.submit(c, 0.0)
+    engine.submit(a, 0.0)
+    recording_sink(a).accept = False  # A pauses at its first token
+    for now in (0.1, 0.12, 0.14):
+        engine.step(now)
+    recording_sink(c).accept = False  # C pauses at its fourth
+    engine.step(0.16)
+    recording_sink(a).accept = recording_sink(c).accept = True
+    engine.resume(c, 0.185)
+    engine.resume(a, 0.185)
+    engine.step(0.19)
+    assert recording_sink(c).times == pytest.approx([0.1, 0.12, 0.14, 0.16, 0.19])
+    assert recording_sink(a).times == pytest.approx([0.1, 0.19])
+    histogram = engine.metrics.inter_token_latency
+    expected = [0] * (len(histogram.bounds) + 1)
+    for gap in (0.02, 0.02, 0.02, 0.03, 0.09):
+        expected[bisect.bisect_left(histogram.bounds, gap)] += 1
+    assert histogram.counts == expected
