@@ -35,19 +35,22 @@ effect in the states we act in is skipped, and the rest is done exactly as h2 wo
   ``min(stream window, connection window)`` (checked) nor ``max_outbound_frame_size``
   (h2 updates that when the peer's MAX_FRAME_SIZE setting is acknowledged).  No
   padding, so ``flow_controlled_length`` is the payload length.
-* A response head (:func:`send_headers`) still takes the stream's ``SEND_HEADERS``
+* A response head (:func:`send_response_head`) still takes the stream's ``SEND_HEADERS``
   (and ``SEND_END_STREAM``) through h2's state machine; the block is encoded by the
   connection's own HPACK encoder as h2 would (its outbound normalization and
-  validation are off in llmsim's configuration), and split at the stream's
+  validation are off in llmsim's configuration; a head already encoded in the same
+  table state is not encoded again, :mod:`.h2_hpack`), and split at the stream's
   ``max_outbound_frame_size`` into HEADERS and CONTINUATION frames as h2 splits it.
 * Inbound header blocks: h2's validation is switched off, and
-  :func:`_check_header_block` runs right after h2 has otherwise handled the HEADERS
-  frame, where h2 would have validated: an ordinary request head is checked in one
-  pass (:func:`_plain_request`), and every other block (trailers, cookies, a ``host``
+  :func:`.h2_validation.check_header_block` runs right after h2 has otherwise handled
+  the HEADERS frame, where h2 would have validated: an ordinary request head is checked
+  in one pass, and every other block (trailers, cookies, a ``host``
   or ``te`` field, CONNECT, anything unusual or malformed) goes through h2's own
   pipeline, which raises exactly what it always raised, so h2 answers with the same
   GOAWAY.  A block :mod:`.h2_inbound` remembers (the same bytes, so the same fields)
-  that passed as an ordinary request head is not checked again.
+  that passed as an ordinary request head is not checked again, and the stream it
+  opens is made directly (:func:`.h2_inbound.open_request`, as h2's stream and its state
+  machine would make it); so is the DATA of an open stream (:func:`.h2_inbound.request_data`).
 
 ``tests/protocol/native/test_fastpath_frames.py`` checks the DATA path against h2
 itself (the same writes, window updates and settings sent through h2's ``send_data``
@@ -57,28 +60,23 @@ and through here leave identical bytes, windows and states), and
 
 from __future__ import annotations
 
-import re
+import struct
+from collections.abc import Sequence
 
 import h2.config
 import h2.connection
 import h2.events
-from h2.connection import ConnectionState
+from h2.connection import AllowedStreamIDs, ConnectionInputs, ConnectionState, _decode_headers
 from h2.errors import ErrorCodes
-from h2.exceptions import ProtocolError, StreamClosedError, StreamIDTooLowError
+from h2.exceptions import ProtocolError, StreamClosedError, StreamIDTooLowError, TooManyStreamsError
 from h2.settings import SettingCodes, Settings
 from h2.stream import H2Stream, StreamInputs, StreamState
-from h2.utilities import (
-    CONNECTION_HEADERS,
-    HeaderValidationFlags,
-    extract_method_header,
-    normalize_inbound_headers,
-    validate_headers,
-)
-from hpack.struct import Header
-from hyperframe.frame import Frame, HeadersFrame, RstStreamFrame
+from hyperframe.frame import DataFrame, Frame, HeadersFrame, RstStreamFrame, WindowUpdateFrame
 
 from llmsim.protocol.native.frames import FRAME_HEADER, data_frames, header_block_frames
-from llmsim.protocol.native.h2_inbound import Block, CachingDecoder, InboundFrames
+from llmsim.protocol.native.h2_hpack import CachingEncoder
+from llmsim.protocol.native.h2_inbound import Block, CachingDecoder, InboundFrames, open_request, request_data
+from llmsim.protocol.native.h2_validation import HEADER_EVENTS, check_header_block
 
 __all__ = [
     "H2Stream",
@@ -88,7 +86,7 @@ __all__ = [
     "send_buffered",
     "send_data",
     "send_data_now",
-    "send_headers",
+    "send_response_head",
     "send_window",
     "sendable_stream",
     "server_connection",
@@ -100,13 +98,18 @@ __all__ = [
 _SERVER_OPEN = ConnectionState.SERVER_OPEN
 _OPEN = StreamState.OPEN
 _HALF_CLOSED_REMOTE = StreamState.HALF_CLOSED_REMOTE
+_CLOSED = StreamState.CLOSED
 _SEND_END_STREAM = StreamInputs.SEND_END_STREAM
 _SEND_HEADERS = StreamInputs.SEND_HEADERS
+_RECV_HEADERS = ConnectionInputs.RECV_HEADERS
 _PACK_HEADER = FRAME_HEADER.pack
+# A DATA frame's header without flags and under 64 KiB: FRAME_HEADER with its first byte
+# (the length's top byte), type and flags zero, as padding: two arguments to pack, not five.
+_PACK_DATA_HEADER = struct.Struct(">xH2xL").pack
 
 # --- the connection ---------------------------------------------------------------------
 
-# Inbound header blocks are validated by _check_header_block; outbound ones are ours,
+# Inbound header blocks are validated by h2_validation.check_header_block; outbound ones are ours,
 # lower-cased and filtered by h2_headers.response_headers, so h2 need not check them again.
 _CONFIG = h2.config.H2Configuration(
     client_side=False,
@@ -144,6 +147,8 @@ class ServerConnection(h2.connection.H2Connection):
         # (h2_inbound); h2 sets the decoder's limits as ever.
         self.incoming_buffer = InboundFrames(server=True)
         self.decoder: CachingDecoder = CachingDecoder(self.decoder.max_header_list_size)
+        # A repeated response head encoded once (h2_hpack); h2 resizes its table as ever.
+        self.encoder: CachingEncoder = CachingEncoder()
         #: Streams whose request head is a remembered, ordinary block (by stream id,
         #: until the handler takes it): the handler makes its request of it once.
         self.plain_requests: dict[int, Block] = {}
@@ -157,13 +162,34 @@ class ServerConnection(h2.connection.H2Connection):
         :func:`server_connection`), so the number is never compared with anything that
         matters.  Here the walk runs only once the table has doubled since the last one,
         so closed streams are still forgotten (at most about as many linger as are open,
-        plus 64), in amortized O(1); in between, the table size is returned, an upper
-        bound of the true count."""
-        if len(self.streams) < self._next_walk:
-            return len(self.streams)
-        count = super().open_inbound_streams
-        self._next_walk = max(64, 2 * len(self.streams))
-        return count
+        plus 64), in amortized O(1); the table size is returned, an upper bound of the
+        true count.  The walk forgets what h2's ``_open_streams`` forgets, in the same
+        order (every CLOSED stream, remembering how it was closed), without h2's two
+        property calls per stream."""
+        streams = self.streams
+        if len(streams) >= self._next_walk:
+            closed = [sid for sid, stream in streams.items() if stream.state_machine.state is _CLOSED]
+            for sid in closed:
+                self._closed_streams[sid] = streams.pop(sid).state_machine.stream_closed_by
+            self._next_walk = max(64, 2 * len(streams))
+        return len(streams)
+
+    def acknowledge_received_data(self, acknowledged_size: int, stream_id: int) -> None:
+        """h2's own (once per request body frame), without its two debug logs, its lookup
+        by exception and its frame lists when no WINDOW_UPDATE is due."""
+        stream = self.streams.get(stream_id)
+        if stream is None or stream_id <= 0 or acknowledged_size < 0:
+            super().acknowledge_received_data(acknowledged_size, stream_id)
+            return
+        increment = self._inbound_flow_control_window_manager.process_bytes(acknowledged_size)
+        stream_increment = stream._inbound_window_manager.process_bytes(acknowledged_size) if stream.open else 0
+        if increment or stream_increment:
+            frames: list[Frame] = []
+            if increment:
+                frames.append(WindowUpdateFrame(0, window_increment=increment))
+            if stream_increment:
+                frames.append(WindowUpdateFrame(stream_id, window_increment=stream_increment))
+            self._prepare_for_sending(frames)
 
     def _receive_frame(self, frame: Frame) -> list[h2.events.Event]:
         """h2 4.x's own, less ``logger.trace("Received frame: %s", repr(frame))``."""
@@ -192,6 +218,16 @@ class ServerConnection(h2.connection.H2Connection):
             self._prepare_for_sending(frames)
         return events
 
+    def _receive_data_frame(self, frame: DataFrame) -> tuple[list[Frame], list[h2.events.Event]]:
+        """h2's own; on an OPEN stream, :func:`.h2_inbound.request_data`."""
+        stream = self.streams.get(frame.stream_id)
+        if stream is None or self.state_machine.state is not _SERVER_OPEN:
+            return super()._receive_data_frame(frame)
+        machine = stream.state_machine
+        if machine.state is not _OPEN or not machine.headers_received:
+            return super()._receive_data_frame(frame)
+        return [], request_data(self, stream, frame)
+
     def _receive_headers_frame(self, frame: HeadersFrame) -> tuple[list[Frame], list[h2.events.Event]]:
         """h2's own, then the header block check h2 would have made inside it.
 
@@ -204,12 +240,12 @@ class ServerConnection(h2.connection.H2Connection):
         sid = frame.stream_id
         opening = sid not in self.streams and sid > self.highest_inbound_stream_id
         try:
-            frames, events = super()._receive_headers_frame(frame)
-            block = self.decoder.take_last()  # (this frame's block: h2 has just decoded it)
+            frames, events, block = self._receive_header_block(frame, opening)
             if block is not None and block.plain and type(events[0]) is h2.events.RequestReceived:
                 self.plain_requests[sid] = block  # checked when it was first seen
-            elif _check_header_block(events) and block is not None:
+            elif check_header_block(events) and block is not None:
                 block.plain = True
+                block.content_length = self.streams[sid]._expected_content_length
                 self.plain_requests[sid] = block
         except ProtocolError:
             stream = self.streams.get(sid)
@@ -219,6 +255,37 @@ class ServerConnection(h2.connection.H2Connection):
             self.stream_errors += 1
             return [], []
         return frames, events
+
+    def _receive_header_block(
+        self, frame: HeadersFrame, opening: bool
+    ) -> tuple[list[Frame], list[h2.events.Event], Block | None]:
+        """h2 4.x's ``_receive_headers_frame`` (its events, and the block the decoder
+        remembers for this frame's, if any), where a stream opened by a remembered
+        ordinary request head is made by :func:`.h2_inbound.open_request`."""
+        sid = frame.stream_id
+        if sid not in self.streams:
+            max_open_streams = self.local_settings.max_concurrent_streams
+            value = self.open_inbound_streams
+            if (value + 1) > max_open_streams:
+                raise TooManyStreamsError(f"Max inbound streams is {max_open_streams}, {value} open")
+        headers = _decode_headers(self.decoder, frame.data)
+        block = self.decoder.take_last()  # (this frame's block, if remembered)
+        # (RECV_HEADERS leaves SERVER_OPEN as it is, with no event.)
+        events = [] if self.state_machine.state is _SERVER_OPEN else self.state_machine.process_input(_RECV_HEADERS)
+        flags = frame.flags
+        if block is not None and block.plain and opening and sid & 1 and "PRIORITY" not in flags:
+            assert isinstance(headers, list)
+            return [], events + open_request(self, sid, block, headers, "END_STREAM" in flags), block
+        stream = self._get_or_create_stream(sid, AllowedStreamIDs(not self.config.client_side))
+        frames, stream_events = stream.receive_headers(headers, "END_STREAM" in flags, self.config.header_encoding)
+        if "PRIORITY" in flags:
+            p_frames, p_events = self._receive_priority_frame(frame)
+            assert isinstance(stream_events[0], HEADER_EVENTS)
+            assert isinstance(p_events[0], h2.events.PriorityUpdated)
+            stream_events[0].priority_updated = p_events[0]
+            stream_events.extend(p_events)
+            assert not p_frames
+        return frames, events + stream_events, block
 
 
 def server_connection(settings_limit: int, max_header_bytes: int, upgrade_settings: bytes | None) -> ServerConnection:
@@ -320,7 +387,8 @@ def send_data_now(out: list[bytes], conn: h2.connection.H2Connection, stream: H2
         return False
     conn.outbound_flow_control_window -= size
     stream.outbound_flow_control_window -= size
-    out.append(_PACK_HEADER(size >> 8, size & 0xFF, 0, 0, stream.stream_id))
+    sid = stream.stream_id
+    out.append(_PACK_DATA_HEADER(size, sid) if size < 0x10000 else _PACK_HEADER(size >> 8, size & 0xFF, 0, 0, sid))
     out.append(data)
     return True
 
@@ -352,104 +420,27 @@ def send_data(
         stream.state_machine.process_input(_SEND_END_STREAM)
 
 
-def send_headers(
+def send_response_head(
     out: list[bytes],
-    conn: h2.connection.H2Connection,
+    conn: ServerConnection,
     stream: H2Stream,
-    headers: list[tuple[bytes, bytes]],
+    status: int,
+    headers: Sequence[tuple[bytes, bytes]],
     end_stream: bool,
 ) -> None:
-    """Send the response head ``headers`` (``:status`` first, not 1xx) on ``stream``,
-    which :func:`sendable_stream` returned and which has sent no HEADERS yet, as h2's
-    ``send_headers`` would: frames appended to ``out``, the stream's state machine and
-    ``request_method`` updated.
+    """Send the response head ``response_headers(status, headers)`` (not 1xx) on
+    ``stream``, which :func:`sendable_stream` returned and which has sent no HEADERS
+    yet, as h2's ``send_headers`` would: frames appended to ``out``, the stream's state
+    machine and ``request_method`` updated.  The block is encoded once per distinct head
+    and HPACK table state (:class:`.h2_hpack.CachingEncoder`).
 
     (An informational head or trailers take other state transitions: leave them to h2.)
     """
     stream.state_machine.process_input(_SEND_HEADERS)
     max_frame = stream.max_outbound_frame_size
     assert max_frame is not None  # set by the connection as it creates the stream
-    header_block_frames(out, stream.stream_id, conn.encoder.encode(headers), max_frame, end_stream)
+    block, method = conn.encoder.encode_head(status, headers)
+    header_block_frames(out, stream.stream_id, block, max_frame, end_stream)
     if end_stream:
         stream.state_machine.process_input(_SEND_END_STREAM)
-    stream.request_method = extract_method_header(headers)
-
-
-# --- inbound header blocks ----------------------------------------------------------------
-
-_HEADER_EVENTS = (
-    h2.events.RequestReceived,
-    h2.events.TrailersReceived,
-    h2.events.ResponseReceived,
-    h2.events.InformationalResponseReceived,
-)
-_REQUEST_PSEUDO = frozenset({b":method", b":scheme", b":path", b":authority"})
-#: Fields h2 rejects, rewrites or checks against others: their blocks take h2's path.
-_SPECIAL_NAMES = CONNECTION_HEADERS | {b"te", b"cookie", b"host"}
-#: A regular field name h2 accepts: no colon, no upper case, nothing outside 0x21-0x7e.
-_PLAIN_NAME = re.compile(rb"[\x21-\x39\x3b-\x40\x5b-\x7e]+")
-_MAX_KNOWN_NAMES = 512
-#: Values are checked joined by 0x01 with 0x01 around: whitespace next to a 0x01 is at a
-#: value's edge, and NUL, CR and LF become 0x02.  (A value holding 0x01 or 0x02 may
-#: look bad and take h2's path; a bad one never looks good.)
-_VALUE_MARKS = bytes.maketrans(b"\t\x00\r\n", b" \x02\x02\x02")
-#: Regular field names already found plain (bounded; only ever a speed-up).
-_known_names: set[bytes] = set()
-
-
-def _check_header_block(events: list[h2.events.Event]) -> bool:
-    """Validate and normalize the header block h2 has just attached to its event, as
-    h2's ``H2Stream._process_received_headers`` would have (raising h2's
-    ``ProtocolError`` for a malformed block, which h2 answers with GOAWAY).  True if
-    it is an ordinary request head (:func:`_plain_request`), left as it is.
-
-    The first event is the stream's headers event: h2 lists the connection's events
-    first, and there are none for HEADERS on an open connection.  (PUSH_PROMISE, the
-    other header block h2 validates, a server refuses before decoding it.)
-    """
-    event = events[0]
-    assert isinstance(event, _HEADER_EVENTS)
-    headers = event.headers
-    assert headers is not None  # h2 has just set it
-    if type(event) is h2.events.RequestReceived and _plain_request(headers):
-        return True  # h2 would have accepted it unchanged
-    flags = HeaderValidationFlags(
-        is_client=False,
-        is_trailer=isinstance(event, h2.events.TrailersReceived),
-        is_response_header=not isinstance(event, (h2.events.RequestReceived, h2.events.TrailersReceived)),
-        is_push_promise=False,
-    )
-    event.headers = list(validate_headers(normalize_inbound_headers(headers, flags), flags))
-    return False
-
-
-def _plain_request(headers: list[Header]) -> bool:
-    """Whether ``headers`` is a request head h2 accepts and leaves as it is: first the
-    four request pseudo-headers, each once (:path not empty, :method not CONNECT), then
-    regular fields with plain names (no cookie, host, te or connection-specific field),
-    and no value with NUL, CR, LF or whitespace at either end.  False says nothing: h2
-    decides then."""
-    pseudo = dict(headers[:4])
-    if pseudo.keys() != _REQUEST_PSEUDO or not pseudo[b":path"] or pseudo[b":method"] == b"CONNECT":
-        return False
-    return _plain_names([header[0] for header in headers[4:]]) and _plain_values([header[1] for header in headers])
-
-
-def _plain_names(names: list[bytes]) -> bool:
-    """Whether every regular field name is plain: one set lookup for the names a client
-    sends on every request, the regex only for new ones."""
-    if _known_names.issuperset(names):
-        return True
-    for name in names:
-        if name in _SPECIAL_NAMES or _PLAIN_NAME.fullmatch(name) is None:
-            return False
-    if len(_known_names) < _MAX_KNOWN_NAMES:
-        _known_names.update(names)
-    return True
-
-
-def _plain_values(values: list[bytes]) -> bool:
-    """Whether no value holds NUL, CR or LF or starts or ends with whitespace, in a few
-    C-level passes over all of them (see ``_VALUE_MARKS``)."""
-    marked = b"\x01".join([b"", *values, b""]).translate(_VALUE_MARKS)
-    return b"\x02" not in marked and b"\x01 " not in marked and b" \x01" not in marked
+    stream.request_method = method

@@ -1,5 +1,6 @@
-"""The receive side's use of h2's and hpack's insides: frames parsed once, and HPACK
-decoded once per distinct header block and table state.
+"""The receive side's use of h2's and hpack's insides: frames parsed once, HPACK
+decoded once per distinct header block and table state, and an ordinary request's
+stream opened and fed directly.
 
 **Frames** (:class:`InboundFrames`): h2's ``FrameBuffer`` parses each frame by slicing
 its buffer into memoryviews, building the frame class's ``Flags`` from its flag
@@ -30,10 +31,18 @@ same.  A block that fails to decode is not remembered either; it fails each time
 did, through hpack.  So a hit returns exactly what hpack would have returned (the same
 field objects) and the decoder ends in exactly the state hpack would have left.
 
+**Streams** (:func:`open_request`, :func:`request_data`): for a HEADERS frame opening a
+stream with a remembered ordinary request head, and for DATA on an open stream, h2 runs
+its state machines (an enum-keyed table lookup, a validation flags object and a debug
+log per input) for transitions whose effects are a few attributes and an event; those
+are set directly, and every check that can fail (flow control, ``content-length``) is
+h2's own method, called in h2's order.
+
 This leans on h2 4.x, hyperframe 6.x and hpack 4.x as they are inside (the frame
 classes' attributes; ``HeaderTable.add`` and the ``maxsize`` setter as the only ways
-the dynamic table changes), which ``pyproject.toml``'s pin of h2 fixes;
-``tests/protocol/native/test_h2_inbound.py`` checks both against h2 and hpack.
+the dynamic table changes; the stream state machine's transitions and attributes),
+which ``pyproject.toml``'s pin of h2 fixes; ``tests/protocol/native/test_h2_inbound.py``
+and ``test_h2_open_request.py`` check them against h2 and hpack.
 """
 
 from __future__ import annotations
@@ -42,13 +51,26 @@ import struct
 from collections.abc import Iterable
 from typing import Any
 
+from h2.connection import H2Connection
+from h2.events import DataReceived, Event, RequestReceived, StreamEnded
 from h2.frame_buffer import FrameBuffer
+from h2.stream import H2Stream, StreamState
 from hpack import Decoder, HeaderTuple
+from hpack.struct import Header
 from hpack.table import HeaderTable
 from hyperframe.flags import Flags
 from hyperframe.frame import DataFrame, Frame, HeadersFrame
 
-__all__ = ["MAX_BLOCKS", "MAX_BLOCK_SIZE", "Block", "CachingDecoder", "InboundFrames"]
+__all__ = [
+    "MAX_BLOCKS",
+    "MAX_BLOCK_SIZE",
+    "Block",
+    "CachingDecoder",
+    "CountingTable",
+    "InboundFrames",
+    "open_request",
+    "request_data",
+]
 
 # --- frames -------------------------------------------------------------------------------
 
@@ -113,7 +135,7 @@ MAX_BLOCKS = 16
 MAX_BLOCK_SIZE = 512
 
 
-class _CountingTable(HeaderTable):
+class CountingTable(HeaderTable):
     """hpack's dynamic table, counting its changes (``generation``)."""
 
     generation = 0
@@ -137,11 +159,13 @@ class Block:
     from the fields alone (valid as long as the block is remembered, since the same
     bytes decode to these fields until then)."""
 
-    __slots__ = ("fields", "head", "plain")
+    __slots__ = ("content_length", "fields", "head", "plain")
 
     def __init__(self, fields: tuple[HeaderTuple, ...]) -> None:
         self.fields = fields
-        self.plain = False  # an ordinary request head (h2_fastpath._plain_request)
+        self.plain = False  # an ordinary request head (h2_validation._plain_request)
+        # Once plain: the content-length h2 found in it (None if it has none).
+        self.content_length: int | None = None
         self.head: Any = None  # the request head the handler made of it
 
 
@@ -151,7 +175,7 @@ class CachingDecoder(Decoder):
 
     def __init__(self, max_header_list_size: int) -> None:
         super().__init__(max_header_list_size)
-        self.header_table = _CountingTable()
+        self.header_table = CountingTable()
         self.max_allowed_table_size = self.header_table.maxsize
         self._last: Block | None = None  # the last block decoded, if it is remembered
         self._blocks: dict[bytes, Block] = {}
@@ -159,7 +183,7 @@ class CachingDecoder(Decoder):
 
     def decode(self, data: bytes, raw: bool = False) -> Iterable[HeaderTuple]:
         table = self.header_table
-        assert isinstance(table, _CountingTable)
+        assert isinstance(table, CountingTable)
         state = (table.generation, self.max_header_list_size, self.max_allowed_table_size)
         blocks = self._blocks
         if state != self._state:
@@ -183,3 +207,75 @@ class CachingDecoder(Decoder):
         """The block decoded last, if it is remembered; once."""
         block, self._last = self._last, None
         return block
+
+
+# --- streams ------------------------------------------------------------------------------
+
+_OPEN, _HALF_CLOSED_REMOTE = StreamState.OPEN, StreamState.HALF_CLOSED_REMOTE
+
+
+def open_request(
+    conn: H2Connection, stream_id: int, block: Block, headers: list[Header], end_stream: bool
+) -> list[Event]:
+    """The events of a HEADERS frame that opens stream ``stream_id`` (odd, above every
+    stream the client opened, no PRIORITY flag) with a remembered ordinary request head
+    (``block``; ``headers``, as decoded): what h2's ``_begin_new_stream`` and
+    ``H2Stream.receive_headers`` do, without what has no effect here.
+
+    The stream is made and registered as ``_begin_new_stream`` makes it (less its debug
+    logs); its state machine takes ``RECV_HEADERS`` (and ``RECV_END_STREAM``) exactly
+    as its transitions ``request_received`` (and ``stream_half_closed``) do, from IDLE to
+    OPEN (to HALF_CLOSED_REMOTE), with the same events.  Skipped: the informational
+    response check (a request has no ``:status``), and the validation flags and
+    pipeline, which llmsim's configuration turns off (h2 returns ``list(headers)``).
+    The expected ``content-length`` is the one h2 found in the block when it first saw
+    it (``_initialize_content_length`` depends on nothing else: a new stream's
+    ``request_method`` is None).
+    """
+    stream = H2Stream(
+        stream_id,
+        config=conn.config,
+        inbound_window_size=conn.local_settings.initial_window_size,
+        outbound_window_size=conn.remote_settings.initial_window_size,
+    )
+    stream.max_outbound_frame_size = conn.max_outbound_frame_size
+    conn.streams[stream_id] = stream
+    conn.highest_inbound_stream_id = stream_id
+    machine = stream.state_machine
+    machine.client = False
+    machine.headers_received = True
+    event = RequestReceived(stream_id=stream_id)
+    events: list[Event] = [event]
+    if end_stream:
+        machine.state = _HALF_CLOSED_REMOTE
+        event.stream_ended = ended = StreamEnded(stream_id=stream_id)
+        events.append(ended)
+    else:
+        machine.state = _OPEN
+    stream._expected_content_length = block.content_length
+    event.headers = headers
+    return events
+
+
+def request_data(conn: H2Connection, stream: H2Stream, frame: DataFrame) -> list[Event]:
+    """The events of a DATA ``frame`` on ``stream``, which is OPEN (its request head
+    received) on a connection in SERVER_OPEN: what h2's ``_receive_data_frame`` and
+    ``H2Stream.receive_data`` do, in the same order (so a flow-control or
+    ``content-length`` error leaves the same state behind), with the state machines'
+    no-op transitions (``RECV_DATA`` from SERVER_OPEN to SERVER_OPEN, from OPEN to
+    OPEN) made by hand, and ``RECV_END_STREAM`` as ``stream_half_closed`` makes it."""
+    length = frame.flow_controlled_length
+    conn._inbound_flow_control_window_manager.window_consumed(length)
+    event = DataReceived(stream_id=stream.stream_id)
+    stream._inbound_window_manager.window_consumed(length)
+    data = frame.data
+    end_stream = "END_STREAM" in frame.flags
+    stream._track_content_length(len(data), end_stream)
+    events: list[Event] = [event]
+    if end_stream:
+        stream.state_machine.state = _HALF_CLOSED_REMOTE
+        event.stream_ended = ended = StreamEnded(stream_id=stream.stream_id)
+        events.append(ended)
+    event.data = data
+    event.flow_controlled_length = length
+    return events

@@ -27,7 +27,7 @@ from llmsim.protocol.native.h2_fastpath import (
     connection_window,
     send_buffered,
     send_data,
-    send_headers,
+    send_response_head,
     send_window,
     sendable_stream,
     stream_window,
@@ -166,13 +166,13 @@ class Http2Output:
         h2conn = self._h2
         status, headers = stream.take_head()
         end = stream.state.ended and not stream.buffered and not stream.trailers
-        fields = response_headers(status, headers)
         h2stream = sendable_stream(h2conn, stream.stream_id)
-        if h2stream is None or fields[0][1].startswith(b"1"):  # 1xx: h2's informational path
+        if h2stream is None or (b"%d" % status).startswith(b"1"):  # 1xx: h2's informational path
+            fields = response_headers(status, headers)
             h2conn.send_headers(stream.stream_id, fields, end_stream=end)  # raises what h2 raises here
             out.append(h2conn.data_to_send())
         else:
-            send_headers(out, h2conn, h2stream, fields, end)
+            send_response_head(out, h2conn, h2stream, status, headers, end)
         return end
 
     def _send_through_h2(self, stream: Http2Stream, out: list[bytes]) -> None:

@@ -9,7 +9,7 @@ rule (and with the odd blocks h2 does accept, e.g. cookie crumbs ahead of the
 pseudo-headers); the second feeds header blocks, every single odd field and random
 combinations, to the server's H2Connection and to a stock h2 one, and requires
 identical events, errors and bytes, except the reset where h2 would close.  The last part checks the hand-built
-response HEADERS (``h2_fastpath.send_headers``) against h2's ``send_headers``.
+response HEADERS (``h2_fastpath.send_response_head``) against h2's ``send_headers``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from hyperframe.frame import HeadersFrame, PushPromiseFrame, RstStreamFrame, Set
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmsim.protocol.native.h2_fastpath import send_headers, sendable_stream, server_connection
+from llmsim.protocol.native.h2_fastpath import send_response_head, sendable_stream, server_connection
 from tests.protocol.helpers import H2Client, StreamRecord, TestApp, open_memory_connection
 
 Headers = list[tuple[bytes, bytes]]
@@ -367,7 +367,7 @@ def test_a_remembered_ordinary_head_sent_as_trailers_is_still_refused_as_by_h2()
     compare([(plain, None, False), (plain, None, False), (plain, None, False), (plain, plain, False)])
 
 
-# --- the response head: h2_fastpath.send_headers against h2's send_headers ------------------
+# --- the response head: h2_fastpath.send_response_head against h2's send_headers -----------
 
 STATUSES = st.sampled_from([200, 204, 404, 500, 2000])
 PRINTABLE = bytes(range(0x21, 0x7F))
@@ -410,7 +410,7 @@ def test_response_heads_are_sent_exactly_as_by_h2(heads: list[tuple[int, Headers
         stream = sendable_stream(ours, sid)
         assert stream is not None
         out: list[bytes] = []
-        send_headers(out, ours, stream, head, end)
+        send_response_head(out, ours, stream, status, tuple(fields), end)
         assert b"".join(out) == reference.data_to_send()
         assert state(ours, sid) == state(reference, sid)
         events = client.receive_data(b"".join(out))
