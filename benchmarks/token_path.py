@@ -15,12 +15,24 @@ Reported: CPU (``time.process_time``, GC included) per generated token.  Two len
 
     python -m benchmarks.token_path                 # HTTP/2 and HTTP/1.1, 1,000 streams
     python -m benchmarks.token_path --protocol h2 --streams 2000 --rounds 5
+
+``--callgrind`` runs once, ``--tokens`` per request, with every engine step and every
+connection's flush inside an ``itertools.dropwhile`` step (a C function nothing else
+calls), so that callgrind counts the per-token path alone (engine, sink, render,
+write, framing, flush: no trio, no driver, no intake); the difference of two lengths
+over the extra tokens is the per-token cost (docs/performance.md, "Issue 16, second
+pass")::
+
+    valgrind --tool=callgrind --collect-atstart=no --toggle-collect=dropwhile_next \
+        --callgrind-out-file=OUT python -m benchmarks.token_path --callgrind --protocol h2 \
+        --requests 500 --tokens 40        # and --tokens 80; (Ir 80 - Ir 40) / (tokens 80 - tokens 40)
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -108,8 +120,11 @@ def h1_request(max_tokens: int) -> bytes:
     return head + body
 
 
-def run_once(protocol: str, streams: int, connections: int, max_tokens: int, requests: int) -> dict[str, float]:
-    """One run: CPU seconds per generated token and per request."""
+def run_once(
+    protocol: str, streams: int, connections: int, max_tokens: int, requests: int, *, isolate: bool = False
+) -> dict[str, float]:
+    """One run: CPU seconds per generated token and per request.  ``isolate``: each
+    engine step and each flush runs inside ``itertools.dropwhile`` (see ``--callgrind``)."""
     config = Config(
         port=0,
         model="bench-model",
@@ -137,11 +152,17 @@ def run_once(protocol: str, streams: int, connections: int, max_tokens: int, req
             batch = pending[:]
             pending.clear()
             for connection in batch:
-                connection.flush()
+                if isolate:
+                    _in_dropwhile(connection.flush)
+                else:
+                    connection.flush()
 
         def spawn(fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> None:
             nursery.start_soon(fn, *args)
 
+        if isolate:
+            step = sim.engine.step
+            sim.engine.step = lambda now: _in_dropwhile(lambda: step(now))  # type: ignore[method-assign]
         async with trio.open_nursery() as nursery:
             nursery.start_soon(lambda: sim.run_engine(hold_writes=lambda: None, release_writes=release))
             links: list[Connection] = []
@@ -179,6 +200,11 @@ def run_once(protocol: str, streams: int, connections: int, max_tokens: int, req
     return result
 
 
+def _in_dropwhile(call: Callable[[], None]) -> None:
+    """``call()`` from inside ``dropwhile``'s C step, which callgrind can toggle on."""
+    next(itertools.dropwhile(lambda _: call(), (0,)), None)
+
+
 async def _wait_h1_idle(link: Connection) -> None:
     """HTTP/1.1 serves one request at a time per connection: wait for the last to end."""
     while link.handler._response is not None:
@@ -191,10 +217,18 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=0, help="requests per run (default: 3 x streams)")
+    parser.add_argument("--callgrind", action="store_true", help="one isolated run for callgrind (see above)")
+    parser.add_argument("--tokens", type=int, default=100, help="tokens per request, with --callgrind")
     args = parser.parse_args()
     gc.set_threshold(*GC_THRESHOLDS)
     protocols = ("h2", "h1") if args.protocol == "both" else (args.protocol,)
     requests = args.requests or 3 * args.streams
+    if args.callgrind:
+        for protocol in protocols:
+            connections = max(1, args.streams // 50) if protocol == "h2" else args.streams
+            run = run_once(protocol, args.streams, connections, args.tokens, requests, isolate=True)
+            print(f"{protocol} tokens {run['tokens']:.0f} requests {run['requests']:.0f} bytes {run['bytes']:.0f}")
+        return
     print(f"{'protocol':8} {'streams':>7} {'tokens':>6} {'us/token':>9} {'us/request':>10}")
     for protocol in protocols:
         connections = max(1, args.streams // 50) if protocol == "h2" else args.streams

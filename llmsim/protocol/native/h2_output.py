@@ -89,7 +89,8 @@ class Http2Output:
         out = self._frames
         self._frames = []
         self._batch += 1
-        out.append(h2conn.data_to_send())
+        if h2conn._data_to_send:  # (h2's buffer: most batches have nothing of h2's own)
+            out.append(h2conn.data_to_send())
         self._guard.taken()
         ready = self._ready
         sent = self._sent
@@ -110,7 +111,8 @@ class Http2Output:
                     sent.append(stream)
             elif not stream.state.closed:
                 self._send(stream, out)
-        out.append(h2conn.data_to_send())
+        if h2conn._data_to_send:
+            out.append(h2conn.data_to_send())
         return b"".join(out)
 
     def _send(self, stream: Http2Stream, out: list[bytes]) -> None:
