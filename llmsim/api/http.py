@@ -158,6 +158,12 @@ class InjectedFaults:
         return dict(self._counts)
 
 
+#: The names handlers look headers up by (a few constants), as the lower-case bytes
+#: a request's header names are: looked up several times per request.
+_HEADER_KEYS: dict[str, bytes] = {}
+_HEADER_KEYS_KEPT = 256
+
+
 @attrs.frozen
 class HttpRequest:
     """A complete request: head and body.  Header names are lower-case bytes."""
@@ -176,7 +182,11 @@ class HttpRequest:
 
     def header(self, name: str) -> str | None:
         """The first value of header ``name`` (case-insensitive), decoded as latin-1."""
-        wanted = name.lower().encode("latin-1")
+        wanted = _HEADER_KEYS.get(name)
+        if wanted is None:
+            wanted = name.lower().encode("latin-1")
+            if len(_HEADER_KEYS) < _HEADER_KEYS_KEPT:
+                _HEADER_KEYS[name] = wanted
         for key, value in self.headers:
             if key == wanted:
                 return value.decode("latin-1")

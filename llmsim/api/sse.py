@@ -14,6 +14,7 @@ text is inserted, and escaping is cached per distinct piece, so no token costs a
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 
@@ -103,6 +104,7 @@ def chunk_head(response_id: str, kind: bytes, created: int, model: str) -> bytes
     )
 
 
+@functools.lru_cache(maxsize=16)  # one fingerprint per server
 def fingerprint_field(fingerprint: str | None) -> bytes:
     """``,"system_fingerprint":…``: the key a chat or completions stream puts on its
     usage chunk, or else on each choice's finishing chunk (empty without one)."""

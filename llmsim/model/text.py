@@ -167,6 +167,7 @@ class TextGenerator:
         self._sentences = tuple(self._split(sentence) for sentence in SENTENCES)
         self._sentence_pieces = tuple(pieces for pieces, _ in self._sentences)
         self._sentence_ids = tuple(ids for _, ids in self._sentences)
+        self._sentence_lengths = tuple(len(pieces) for pieces in self._sentence_pieces)
         self.eos = eos_token(tokenizer)
         self._dataset = load_dataset(options)  # --dataset-path: answers chosen as llm-d-inference-sim does
 
@@ -252,14 +253,19 @@ class TextGenerator:
         return GeneratedText(pieces, ids, FinishReason.LENGTH if len(pieces) == cap else FinishReason.STOP)
 
     def _draw(self, rng: random.Random, length: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
-        """``length`` tokens of whole random sentences, the last one cut short."""
-        sentences = self._sentences
-        count = len(sentences)
+        """``length`` tokens of whole random sentences, the last one cut short.  (Whole
+        sentences are appended and the excess cut once: no slice per sentence.)"""
+        sentence_pieces, sentence_ids, lengths = self._sentence_pieces, self._sentence_ids, self._sentence_lengths
+        count = len(lengths)
+        draw = rng.random
         pieces: list[str] = []
         ids: list[int] = []
-        while len(pieces) < length:
-            sentence_pieces, sentence_ids = sentences[int(rng.random() * count)]
-            need = length - len(pieces)
-            pieces.extend(sentence_pieces[:need])
-            ids.extend(sentence_ids[:need])
+        total = 0
+        while total < length:
+            k = int(draw() * count)
+            pieces += sentence_pieces[k]
+            ids += sentence_ids[k]
+            total += lengths[k]
+        if total > length:
+            del pieces[length:], ids[length:]
         return tuple(pieces), tuple(ids)

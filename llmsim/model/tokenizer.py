@@ -124,6 +124,10 @@ _PIECE_RE = re.compile(
 )
 _HASHED_BASE = 256  # ids below are reserved for special tokens
 _SIM_VOCAB_SIZE = 2**31
+#: Texts up to this long have their ids remembered, this many at most (oldest forgotten
+#: first): a load test sends the same few prompts over and over.
+_REMEMBERED_TEXT_CHARS = 2048
+_REMEMBERED_TEXTS = 512
 
 
 def _piece_id(piece: str) -> int:
@@ -138,12 +142,18 @@ class _PieceIds(dict[str, int]):
 
     Bounded: past ``capacity`` learned pieces both maps start over from the pinned
     ones (special tokens and the corpus), which stay decodable forever.
+
+    ``texts`` remembers the ids of short texts encoded since the last start-over (so
+    every piece of a remembered text is still known, as encoding it again would leave
+    it): see :meth:`SimTokenizer.encode`.
     """
 
     def __init__(self, capacity: int) -> None:
         super().__init__()
         self.capacity = capacity
         self.pieces: dict[int, str] = {}
+        self.texts: dict[str, tuple[int, ...]] = {}
+        self.start_overs = 0
         self._pinned: dict[str, int] = {}
         for piece in SPECIAL_TOKENS:
             self._pin(piece)
@@ -162,6 +172,8 @@ class _PieceIds(dict[str, int]):
             self.clear()
             self.update(self._pinned)
             self.pieces = {token_id: pinned for pinned, token_id in self._pinned.items()}
+            self.texts = {}
+            self.start_overs += 1
         token_id = _piece_id(piece)
         self[piece] = token_id
         self.pieces[token_id] = piece
@@ -186,8 +198,20 @@ class SimTokenizer:
         return _PIECE_RE.findall(text)
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:  # no BOS: nothing to add
+        """The ids of ``text`` (a short text's remembered, see :class:`_PieceIds`)."""
         ids = self._ids
-        return [ids[piece] for piece in _PIECE_RE.findall(text)]
+        known = ids.texts.get(text)
+        if known is not None:
+            return list(known)
+        start_overs = ids.start_overs
+        encoded = [ids[piece] for piece in _PIECE_RE.findall(text)]
+        # not when the pieces started over midway: some of this text's may be forgotten
+        if len(text) <= _REMEMBERED_TEXT_CHARS and ids.start_overs == start_overs:
+            texts = ids.texts
+            if len(texts) >= _REMEMBERED_TEXTS:
+                del texts[next(iter(texts))]
+            texts[text] = tuple(encoded)
+        return encoded
 
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(self.token_strings(ids))

@@ -270,3 +270,24 @@ def test_a_vocabulary_without_any_known_eos_uses_token_0(tmp_path: Path) -> None
     trained.train_from_iterator(SENTENCES, trainers.WordLevelTrainer(special_tokens=["[UNK]"]))
     trained.save(str(tmp_path / "tokenizer.json"))
     assert eos_token(HFTokenizer.from_path(str(tmp_path))) == EosToken(0, "[UNK]")
+
+
+def _draw_sentence_by_sentence(generator: TextGenerator, rng: random.Random, length: int) -> tuple[object, object]:
+    """The corpus text as it was drawn before whole sentences were appended and cut once:
+    a sentence at a time, each cut to what is still needed (the seeded golden replay pins it)."""
+    pieces: list[str] = []
+    ids: list[int] = []
+    sentences = list(zip(generator._sentence_pieces, generator._sentence_ids, strict=True))
+    while len(pieces) < length:
+        sentence_pieces, sentence_ids = sentences[int(rng.random() * len(sentences))]
+        pieces.extend(sentence_pieces[: length - len(pieces)])
+        ids.extend(sentence_ids[: length - len(ids)])
+    return tuple(pieces), tuple(ids)
+
+
+@pytest.mark.parametrize("length", [1, 2, 11, 12, 13, 100, 511])
+def test_draw_is_the_sentence_by_sentence_text_and_leaves_the_rng_alike(length: int) -> None:
+    for seed in range(20):
+        rng, reference_rng = random.Random(seed), random.Random(seed)
+        assert RANDOM._draw(rng, length) == _draw_sentence_by_sentence(RANDOM, reference_rng, length)
+        assert rng.getstate() == reference_rng.getstate()

@@ -188,3 +188,29 @@ def test_hf_unreadable_file_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_no_path_means_the_simulated_tokenizer() -> None:
     assert isinstance(load_tokenizer(None), SimTokenizer)
+
+
+def test_sim_remembered_text_is_learned_again_after_a_start_over() -> None:
+    """Encoding remembers short texts' ids, but only until the pieces start over: the
+    same text encoded after that learns its pieces again, so its ids still decode."""
+    tokenizer = SimTokenizer(capacity=100)
+    ids = tokenizer.encode("zyzzyva")
+    assert tokenizer.encode("zyzzyva") == ids  # remembered
+    tokenizer.encode(" ".join(f"word{i}" for i in range(500)))  # the pieces start over
+    assert tokenizer.encode("zyzzyva") == ids
+    assert tokenizer.decode(ids) == "zyzzyva"
+
+
+def test_sim_text_whose_pieces_started_over_midway_is_not_remembered() -> None:
+    tokenizer = SimTokenizer(capacity=100)
+    text = " ".join(f"word{i}" for i in range(150))  # its first pieces are forgotten by its last
+    ids = tokenizer.encode(text)
+    assert text not in tokenizer._ids.texts
+    assert tokenizer.encode(text) == ids
+
+
+def test_sim_remembered_ids_are_a_fresh_list() -> None:
+    tokenizer = SimTokenizer()
+    first = tokenizer.encode("Hello there")
+    first.append(0)
+    assert tokenizer.encode("Hello there") == first[:-1]

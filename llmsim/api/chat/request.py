@@ -36,7 +36,7 @@ from llmsim.api.prompts import (
 from llmsim.api.request_fields import GenerationParams, InputAudio, MediaUrl, check_generation_params
 from llmsim.api.structure import FieldTypeError, converter, structure
 from llmsim.api.structured import ResponseFormat, StructuredOutputsParams
-from llmsim.model.tokenizer import ChatTurn, Tokenizer
+from llmsim.model.tokenizer import ChatTurn, Tokenizer, render_chat
 from llmsim.model.tools import NamedToolChoice, ToolChoice
 
 __all__ = [
@@ -114,7 +114,7 @@ class ChatTool:
     type: str = "function"  # the only type served (see _structure_tool)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, slots=False)  # see SamplingFields
 class ChatCompletionRequest(GenerationParams):
     messages: tuple[ChatMessage, ...]
     max_completion_tokens: int | None = None
@@ -342,12 +342,45 @@ def chat_prompt_ids(
     tokenizer came with one, else the built-in rendering of :func:`chat_turns`."""
     template = tokenizer.chat_template
     if template is None:
+        text = _plain_prompt(messages) if tools is None and options is DEFAULT_CHAT_OPTIONS else None
+        if text is not None:
+            return tokenizer.encode(text, add_special_tokens=add_special_tokens)
         return prompt_ids(tokenizer, chat_turns(messages, tools), options, add_special_tokens=add_special_tokens)
     conversation = template_messages(messages, template.content_format)
     tool_dicts = None if tools is None else [template_tool(tool) for tool in tools]
     return template_prompt_ids(
         tokenizer, template, conversation, tool_dicts, options, add_special_tokens=add_special_tokens
     )
+
+
+#: Recent plain conversations (text only, see :func:`_plain_prompt`) and their prompt
+#: text, this many at most (the oldest forgotten first): a load test sends the same few.
+_PLAIN_PROMPTS: dict[tuple[ChatMessage, ...], str] = {}
+_PLAIN_PROMPTS_KEPT = 512
+_PLAIN_PROMPT_CHARS = 4096
+
+
+def _plain_prompt(messages: Sequence[ChatMessage]) -> str | None:
+    """The prompt text of a conversation of short plain-text messages (no content parts,
+    no tool calls) with no tools and the default template options, remembered: without
+    a model template every tokenizer renders it as ChatML (:func:`render_chat`), a
+    function of the messages alone.  None for any other conversation."""
+    size = 0
+    for message in messages:
+        content = message.content
+        if message.tool_calls or isinstance(content, tuple):
+            return None
+        size += len(content or "")
+    if size > _PLAIN_PROMPT_CHARS:
+        return None
+    key = tuple(messages)
+    text = _PLAIN_PROMPTS.get(key)
+    if text is None:
+        text = render_chat(chat_turns(key))
+        if len(_PLAIN_PROMPTS) >= _PLAIN_PROMPTS_KEPT:
+            del _PLAIN_PROMPTS[next(iter(_PLAIN_PROMPTS))]
+        _PLAIN_PROMPTS[key] = text
+    return text
 
 
 def template_messages(messages: Sequence[ChatMessage], content_format: str) -> list[dict[str, Any]]:

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from llmsim.api.chat.render import ChatStreamRenderer, chat_completion_body
 from llmsim.api.chat.request import (
     ChatCompletionRequest,
+    ChatMessage,
     assistant_echo,
     chat_turns,
     last_user_text,
@@ -37,7 +40,11 @@ from llmsim.api.transfer import (
 from llmsim.api.turns import TurnPlan
 from llmsim.api.usage import ChunkUsage, UsageStyle
 from llmsim.engine.kv_hashing import MultimodalItem
+from llmsim.model.tokenizer import ChatTurn, Tokenizer
 from llmsim.model.tools import NamedToolChoice, ToolSpec
+
+if TYPE_CHECKING:  # imported on first use at run time (_media_readers)
+    from llmsim.api.render.features import MediaItem
 
 __all__ = ["chat_completions", "register"]
 
@@ -59,9 +66,7 @@ async def chat_completions(call: Call) -> None:
     transfer.check_streaming(request.streaming)
     check_job_count(ctx, request.choices_per_prompt)
     prompt_ids = request_prompt_ids(ctx.tokenizer, request)
-    from llmsim.api.render.features import kv_multimodal  # here: render imports this package (a cycle at the top)
-    from llmsim.api.render.sources import chat_media
-
+    kv_multimodal, chat_media = _media_readers()
     # read once, with the render's checks (bad base64 is a 400, as when vLLM loads it)
     media_items = chat_media(request.messages)
     media: tuple[MultimodalItem, ...] = ()  # turns built only for media (request_prompt_ids made their 400s)
@@ -125,6 +130,9 @@ async def chat_completions(call: Call) -> None:
             usage_style=usage_style,
             stop_reasons=stop_reasons,
         )
+        # Not held while the stream runs (memory per stream): the request, a dict class
+        # of more fields than CPython shares keys for, takes ~1.6 KB.
+        del fields, request
         await stream(call, plan, renderer, identity.headers, refusal=refusal)
         return
     ec_params = chat_ec_transfer_params(ctx, media_items)
@@ -189,6 +197,20 @@ def _plan_turns(
         structured=structured,
         stop=stop_rule(request),
     )
+
+
+@functools.cache
+def _media_readers() -> tuple[
+    Callable[[Tokenizer, Sequence[ChatTurn], Sequence[MediaItem]], tuple[MultimodalItem, ...]],
+    Callable[[Sequence[ChatMessage]], list[MediaItem]],
+]:
+    """``kv_multimodal`` and ``chat_media``, imported on first use: the render family imports
+    this module (a cycle at the top), and an import statement in the handler costs
+    about 8,000 instructions each time it runs."""
+    from llmsim.api.render.features import kv_multimodal
+    from llmsim.api.render.sources import chat_media
+
+    return kv_multimodal, chat_media
 
 
 def register(router: Router) -> None:

@@ -23,7 +23,7 @@ __all__ = ["COMPLETIONS_DEFAULT_MAX_TOKENS", "CompletionRequest", "check_suffix"
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest.max_tokens default
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, slots=False)  # see SamplingFields
 class CompletionRequest(GenerationParams):
     prompt: Prompt
     max_tokens: int | None = COMPLETIONS_DEFAULT_MAX_TOKENS

@@ -31,7 +31,7 @@ __all__ = ["Features", "GenerateRequest", "GenerateSamplingParams", "Placeholder
 OUTPUT_MODES = ("tokens", "text")  # "derender" parses tool calls and reasoning: not simulated
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, slots=False)  # see SamplingFields
 class GenerateSamplingParams(SamplingFields):
     """``SamplingParams`` as a JSON object; defaults as its fields' (vllm/sampling_params.py:285-440)."""
 

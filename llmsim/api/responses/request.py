@@ -119,7 +119,7 @@ class TextConfig:
     verbosity: str | None = None
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, slots=False)  # see SamplingFields
 class ResponsesRequest(SamplingFields):
     model: str | None = None
     request_id: str | None = None  # vLLM: the response's id (responses/protocol.py:357-364)

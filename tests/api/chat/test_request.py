@@ -1,0 +1,26 @@
+"""The chat request's prompt: plain conversations' prompt text is remembered."""
+
+from __future__ import annotations
+
+from llmsim.api.chat.request import ChatMessage, ContentPart, _plain_prompt, chat_prompt_ids, chat_turns
+from llmsim.api.prompts import prompt_ids
+from llmsim.model.tokenizer import SimTokenizer, render_chat
+
+
+def test_plain_conversation_prompt_is_the_chatml_rendering_and_remembered() -> None:
+    messages = (ChatMessage("system", "Be brief."), ChatMessage("user", "Hello there"), ChatMessage("assistant"))
+    text = _plain_prompt(messages)
+    assert text == render_chat(chat_turns(messages))
+    again = (ChatMessage("system", "Be brief."), ChatMessage("user", "Hello there"), ChatMessage("assistant"))
+    assert _plain_prompt(again) is text  # an equal conversation, another request: remembered
+
+
+def test_other_conversations_are_not_remembered_but_rendered_alike() -> None:
+    tokenizer = SimTokenizer()
+    parts = (ChatMessage("user", (ContentPart("text", "Hi"), ContentPart("text", "there"))),)
+    long = (ChatMessage("user", "word " * 2000),)
+    for messages in (parts, long):
+        assert _plain_prompt(messages) is None
+        assert chat_prompt_ids(tokenizer, messages) == prompt_ids(tokenizer, chat_turns(messages))
+    plain = (ChatMessage("user", "Hello there"),)
+    assert chat_prompt_ids(tokenizer, plain) == prompt_ids(tokenizer, chat_turns(plain))
