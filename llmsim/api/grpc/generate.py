@@ -231,7 +231,8 @@ class GenerateCall:
         ctx = call.ctx
         sink = CollectingSink(len(plan.choices))
         self._jobs = build_jobs(plan, sink)
-        with SubmittedJobs(ctx.engine, self._jobs, ctx.clock), request_log.logged(ctx, plan, self._jobs):
+        arrival = call.request.received_at  # (as every endpoint's jobs: their request's first bytes)
+        with SubmittedJobs(ctx.engine, self._jobs, ctx.clock, arrival), request_log.logged(ctx, plan, self._jobs):
             await sink.done.wait()
         self._respond(stop_reasons)
 

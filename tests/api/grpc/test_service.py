@@ -21,7 +21,12 @@ LATENCY = {"time_to_first_token": 0.1, "inter_token_latency": 0.01}
 
 
 async def call(
-    sim: Simulator, method: str, message: Any = None, headers: tuple[tuple[bytes, bytes], ...] = (), body: bytes = b""
+    sim: Simulator,
+    method: str,
+    message: Any = None,
+    headers: tuple[tuple[bytes, bytes], ...] = (),
+    body: bytes = b"",
+    received_at: float | None = None,
 ) -> FakeResponse:
     request = HttpRequest(
         "POST",
@@ -29,6 +34,7 @@ async def call(
         headers=((b"content-type", b"application/grpc"), (b"te", b"trailers"), *headers),
         body=frame(message.SerializeToString()) if message is not None else body,
         http_version="2",
+        received_at=received_at,
     )
     response = FakeResponse()
     await sim.app.handle(request, response)
@@ -62,6 +68,21 @@ async def test_a_stream_sends_a_chunk_per_token_at_ttft_then_every_itl(autojump_
     assert kinds == ["chunk", "chunk", "chunk", "chunk", "complete"]
     last = replies(response)[-1].complete
     assert last.finish_reason == "length" and last.completion_tokens == 1 and last.prompt_tokens == 3
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_call_is_timed_from_its_first_byte(autojump_clock: MockClock, stream: bool) -> None:
+    """As on every endpoint (tests/test_app.py): the jobs arrive when the request's first
+    bytes did, so vLLM's TTFT (and a client's) does not count reading and planning."""
+    async with running(**LATENCY) as sim:
+        received = trio.current_time()
+        await trio.sleep(0.0123)
+        response = await call(sim, "Generate", generate(stream=stream), received_at=received)
+    assert status(response) == 0
+    last_token = received + 0.1 + 3 * 0.01  # 4 tokens: TTFT, then 3 ITLs (the 2 ms grid: within 1 ms)
+    assert max(when for when, _ in response.writes) == pytest.approx(last_token, abs=0.0011)
+    ttft = sim.engine.metrics.snapshot().histograms["time_to_first_token_seconds"]
+    assert ttft.count == 1 and ttft.sum == pytest.approx(LATENCY["time_to_first_token"], abs=0.0011)
 
 
 async def test_the_same_request_id_plans_the_same_tokens_streaming_or_not(autojump_clock: MockClock) -> None:
