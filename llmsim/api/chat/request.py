@@ -357,20 +357,25 @@ def chat_prompt_ids(
 #: text, this many at most (the oldest forgotten first): a load test sends the same few.
 _PLAIN_PROMPTS: dict[tuple[ChatMessage, ...], str] = {}
 _PLAIN_PROMPTS_KEPT = 512
+#: What a remembered conversation may hold: its messages, and their characters (role,
+#: content and tool_call_id alike), so that an entry stays a few KB whatever the body.
+_PLAIN_PROMPT_MESSAGES = 32
 _PLAIN_PROMPT_CHARS = 4096
 
 
 def _plain_prompt(messages: Sequence[ChatMessage]) -> str | None:
-    """The prompt text of a conversation of short plain-text messages (no content parts,
-    no tool calls) with no tools and the default template options, remembered: without
-    a model template every tokenizer renders it as ChatML (:func:`render_chat`), a
-    function of the messages alone.  None for any other conversation."""
+    """The prompt text of a conversation of a few short plain-text messages (no content
+    parts, no tool calls) with no tools and the default template options, remembered:
+    without a model template every tokenizer renders it as ChatML (:func:`render_chat`),
+    a function of the messages alone.  None for any other conversation."""
+    if len(messages) > _PLAIN_PROMPT_MESSAGES:
+        return None
     size = 0
     for message in messages:
         content = message.content
         if message.tool_calls or isinstance(content, tuple):
             return None
-        size += len(content or "")
+        size += len(message.role) + len(content or "") + len(message.tool_call_id or "")
     if size > _PLAIN_PROMPT_CHARS:
         return None
     key = tuple(messages)

@@ -19,7 +19,11 @@ def test_other_conversations_are_not_remembered_but_rendered_alike() -> None:
     tokenizer = SimTokenizer()
     parts = (ChatMessage("user", (ContentPart("text", "Hi"), ContentPart("text", "there"))),)
     long = (ChatMessage("user", "word " * 2000),)
-    for messages in (parts, long):
+    # What a request may hold besides contents counts too: an entry stays a few KB.
+    long_role = (ChatMessage("r" * 5000, "hi"),)
+    long_tool_call_id = (ChatMessage("tool", "hi", tool_call_id="c" * 5000),)
+    many = tuple(ChatMessage("user", "") for _ in range(33))
+    for messages in (parts, long, long_role, long_tool_call_id, many):
         assert _plain_prompt(messages) is None
         assert chat_prompt_ids(tokenizer, messages) == prompt_ids(tokenizer, chat_turns(messages))
     plain = (ChatMessage("user", "Hello there"),)
