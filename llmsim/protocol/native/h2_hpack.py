@@ -45,6 +45,27 @@ class CachingEncoder(Encoder):
         self._heads: dict[tuple[int, Sequence[tuple[bytes, bytes]]], Head] = {}
         self._generation = 0  # the table's generation the remembered heads belong to
 
+    @property
+    def header_table_size(self) -> int:
+        return int(self.header_table.maxsize)
+
+    @header_table_size.setter
+    def header_table_size(self, value: int) -> None:
+        """As hpack's, but a size set again before the next block keeps the update pending:
+        hpack 4.2 records one only when the size differs from the last (``resized``), so a
+        client's second SETTINGS_HEADER_TABLE_SIZE of the same value (h2 sets the size on
+        every acknowledged one) dropped the first one's update, and the next block went out
+        without the dynamic table size update RFC 7541 section 4.2 requires (nghttp2 fails
+        the connection then).  What is signalled is what 4.2 asks for: the smallest size
+        since the last block, then the final one if it differs."""
+        table = self.header_table
+        pending = self.table_size_changes
+        table.maxsize = value
+        if table.resized or pending:
+            smallest = min([*pending, value])
+            self.table_size_changes = [smallest] if smallest == value else [smallest, value]
+            table.resized = True
+
     def encode_head(self, status: int, headers: Sequence[tuple[bytes, bytes]]) -> Head:
         """The block of ``response_headers(status, headers)``, encoded as
         :meth:`encode` would (changing the table as it would), and its ``:method``."""

@@ -31,6 +31,32 @@ def head(status: int, headers: tuple[tuple[bytes, bytes], ...]) -> list[tuple[by
     return response_headers(status, headers)
 
 
+def _size_updates(block: bytes) -> list[int]:
+    """The dynamic table size updates at the start of a block (RFC 7541 sections 5.1 and
+    6.3: a 5-bit prefix, then 7-bit continuation bytes)."""
+    return _split_size_updates(block)[0]
+
+
+def _without_size_updates(block: bytes) -> bytes:
+    return block[_split_size_updates(block)[1] :]
+
+
+def _split_size_updates(block: bytes) -> tuple[list[int], int]:
+    sizes, offset = [], 0
+    while offset < len(block) and block[offset] & 0xE0 == 0x20:
+        value, offset = block[offset] & 0x1F, offset + 1
+        if value == 31:
+            shift = 0
+            while True:
+                byte, offset = block[offset], offset + 1
+                value += (byte & 0x7F) << shift
+                shift += 7
+                if not byte & 0x80:
+                    break
+        sizes.append(value)
+    return sizes, offset
+
+
 def test_a_repeated_head_is_encoded_once_and_decodes_each_time() -> None:
     encoder, decoder = CachingEncoder(), Decoder()
     blocks = [encoder.encode_head(200, SSE)[0] for _ in range(4)]
@@ -85,11 +111,17 @@ OPERATIONS = st.lists(
 @given(OPERATIONS)
 def test_heads_are_encoded_exactly_as_by_hpack(operations: list[tuple]) -> None:
     """Any mix of heads, other blocks and table size changes: the same bytes as a stock
-    Encoder, and a Decoder reads every block back."""
+    Encoder but for the table size updates a block starts with, which are RFC 7541
+    section 4.2's (the smallest size set since the last block, then the final one; none
+    if every size set was the one in force), where hpack 4.2 signals every change and
+    forgets a pending one when the same size is set again; and a Decoder reads every
+    block back."""
     ours, reference, decoder = CachingEncoder(), Encoder(), Decoder()
+    in_force, since_block = 4096, []
     for operation in operations:
         if operation[0] == "resize":
             ours.header_table_size = reference.header_table_size = operation[1]
+            since_block.append(operation[1])
             continue
         if operation[0] == "head":
             fields = head(operation[1], operation[2])
@@ -98,7 +130,15 @@ def test_heads_are_encoded_exactly_as_by_hpack(operations: list[tuple]) -> None:
         else:
             fields = operation[1]
             block = ours.encode(fields)
-        assert block == reference.encode(fields)
+        expected: list[int] = []
+        if any(size != in_force for size in since_block):
+            smallest, in_force = min(since_block), since_block[-1]
+            expected = [smallest] if smallest == in_force else [smallest, in_force]
+        since_block = []
+        updates = _size_updates(block)
+        assert updates == expected
+        reference_block = reference.encode(fields)
+        assert _without_size_updates(block) == _without_size_updates(reference_block)
         assert decoder.decode(block, raw=True) == fields
         assert list(ours.header_table.dynamic_entries) == list(reference.header_table.dynamic_entries)
 
@@ -125,3 +165,26 @@ def test_a_client_header_table_size_setting_reaches_the_remembered_head() -> Non
         heads += [list(event.headers) for event in events if isinstance(event, h2.events.ResponseReceived)]
     assert heads == [head(200, SSE)] * 6
     assert server.encoder.header_table_size == 0
+
+
+@pytest.mark.parametrize(
+    ("settings", "signalled"),
+    [
+        ([100], [100]),
+        ([100, 100], [100]),  # the same size twice before a block: still signalled (hpack 4.2 dropped it)
+        ([100, 100, 100], [100]),
+        ([100, 50, 120], [50, 120]),  # the smallest since the last block, then the final one
+        ([50, 120, 120], [50, 120]),
+        ([4096], []),  # no change at all: nothing to signal
+    ],
+)
+def test_a_table_size_set_before_a_block_is_signalled_at_its_start(settings: list[int], signalled: list[int]) -> None:
+    encoder, decoder = CachingEncoder(), Decoder()
+    for size in settings:
+        encoder.header_table_size = size
+    block = encoder.encode_head(200, SSE)[0]
+    assert _size_updates(block) == signalled
+    decoder.max_allowed_table_size = max(settings)
+    assert decoder.decode(block, raw=True) == head(200, SSE)
+    assert decoder.header_table_size == (signalled[-1] if signalled else 4096)
+    assert _size_updates(encoder.encode_head(200, SSE)[0]) == []  # sent once
