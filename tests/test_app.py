@@ -69,10 +69,13 @@ async def test_on_the_real_clock_the_engine_task_sleeps_on_the_step_timer(monkey
         response = FakeResponse()
         with trio.fail_after(5):
             await sim.app.handle(completion(received, stream=True), response)
-    assert sleeps >= 3  # the first token and two more, each after a sleep
+    assert sleeps >= 1  # (one per token, unless a loaded machine made a step late: catch-up)
     times = [when for when, data in response.writes if b"text" in data]
     deadlines = [received + 0.01 + i * 0.004 for i in range(3)]
-    assert all(when >= due - STEP_QUANTUM / 2 for when, due in zip(times, deadlines, strict=True))
+    # The k-th write carries token k or later (a late step hands out every due token in
+    # one write), so it leaves no earlier than half a grid interval before token k's deadline.
+    assert 1 <= len(times) <= 3
+    assert all(when >= due - STEP_QUANTUM / 2 for when, due in zip(times, deadlines, strict=False))
 
 
 async def test_a_new_job_cuts_a_timer_sleep_short() -> None:
