@@ -22,29 +22,8 @@ per step (the rest are due again at once, in the next step).
 One :meth:`Engine.step` handles every job due at or before ``now``; the sink calls of
 one step are what the server flushes together.
 
-The step quantum.  Every distinct deadline would be a step of its own: with thousands
-of jobs at random phases, that is thousands of tiny steps per second, each one waking
-the writers of many connections.  :meth:`Engine.set_step_quantum` puts steps on a grid
-instead: a token due at ``d`` is handed out at the grid time *nearest* ``d`` (see
-:mod:`llmsim.engine.grid`), so one step serves every job due within half an interval
-either side of it, and the driver wakes at most once per interval.  Deadlines
-themselves stay exact and chained, so the rounding never accumulates.
-
-Why the nearest grid time and not the next one: rounding up made every first token
-late by half an interval on average (+1 ms on a 2 ms grid, 1 to 2 % of a typical
-TTFT), a bias a client measures; rounding to the nearest makes the error of a TTFT
-uniform in ``[-grid/2, +grid/2]``, zero on average.  The price is that a token may go
-out up to half an interval before its deadline, which no client can tell from the
-network's own jitter, and never more: a step at ``now`` hands out only tokens whose
-grid time has come (:func:`~llmsim.engine.grid.grid_reach`), and a step that runs late
-catches up on what was due but takes nothing of the next grid time along.  (Rounding up
-and stepping half an interval early is the same rule with the grid shifted; rounding on
-the deadlines keeps ``step(now)`` honest about the time.)  The inter-token latency
-is not touched: the grid interval divides it (20 ms with a 2 ms target: exactly 2 ms),
-so without jitter every token of a job lands the same distance from its deadline and
-the client sees the configured ITL exactly.  Tokens already due (zero latency, catching
-up, a resume) are never held back for the grid.  Without a quantum (the default) every
-deadline is its own step time, exactly.
+The step quantum (:meth:`Engine.set_step_quantum`) puts steps on a grid: a token goes
+out at the grid time nearest its deadline; :mod:`llmsim.engine.grid` says how and why.
 
 Who holds a slot and who waits for one is :class:`~llmsim.engine.admission.Admission`'s
 part; where each job's next entry waits until its step time, the
@@ -133,8 +112,8 @@ class Engine(Admission, Timetable):
         self._configure()
 
     def set_step_quantum(self, target: float) -> None:
-        """Coalesce steps onto a grid of about ``target`` seconds (see the module
-        docstring; :func:`step_grid` picks the interval).  Applies to tokens scheduled
+        """Coalesce steps onto a grid of about ``target`` seconds (see
+        :mod:`llmsim.engine.grid`; :func:`step_grid` picks the interval).  Applies to tokens scheduled
         from now on; ``0`` restores exact steps at every deadline."""
         self._quantum_target = target
         self._configure()
