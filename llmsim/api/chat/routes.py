@@ -3,14 +3,11 @@
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 from llmsim.api.chat.render import ChatStreamRenderer, chat_completion_body
 from llmsim.api.chat.request import (
     ChatCompletionRequest,
-    ChatMessage,
     assistant_echo,
     chat_turns,
     last_user_text,
@@ -24,6 +21,7 @@ from llmsim.api.failures import check_injected_failure
 from llmsim.api.generation import RequestIdentity, check_job_count, check_output_volume, collect, stream
 from llmsim.api.logprobs_format import ChatLogprobs, choice_seed
 from llmsim.api.logprobs_limit import checked_logprobs
+from llmsim.api.media import media_readers
 from llmsim.api.plan import GenerationPlan, PromptPlan, StructuredOutput, output_cap, plan_text_choices
 from llmsim.api.prompts import check_context_length
 from llmsim.api.request_fields import check_sampling_params, token_id_refusal
@@ -40,11 +38,7 @@ from llmsim.api.transfer import (
 from llmsim.api.turns import TurnPlan
 from llmsim.api.usage import ChunkUsage, UsageStyle
 from llmsim.engine.kv_hashing import MultimodalItem
-from llmsim.model.tokenizer import ChatTurn, Tokenizer
 from llmsim.model.tools import NamedToolChoice, ToolSpec
-
-if TYPE_CHECKING:  # imported on first use at run time (_media_readers)
-    from llmsim.api.render.features import MediaItem
 
 __all__ = ["chat_completions", "register"]
 
@@ -66,12 +60,12 @@ async def chat_completions(call: Call) -> None:
     transfer.check_streaming(request.streaming)
     check_job_count(ctx, request.choices_per_prompt)
     prompt_ids = request_prompt_ids(ctx.tokenizer, request)
-    kv_multimodal, chat_media = _media_readers()
+    media_of = media_readers()
     # read once, with the render's checks (bad base64 is a 400, as when vLLM loads it)
-    media_items = chat_media(request.messages)
+    media_items = media_of.chat_media(request.messages)
     media: tuple[MultimodalItem, ...] = ()  # turns built only for media (request_prompt_ids made their 400s)
     if media_items:
-        media = kv_multimodal(ctx.tokenizer, chat_turns(request.messages, request.tools), media_items)
+        media = media_of.kv_multimodal(ctx.tokenizer, chat_turns(request.messages, request.tools), media_items)
     max_tokens = request.requested_max_tokens
     check_context_length(
         ctx.model.max_model_len, len(prompt_ids), max_tokens, max_tokens_param=request.max_tokens_param
@@ -197,20 +191,6 @@ def _plan_turns(
         structured=structured,
         stop=stop_rule(request),
     )
-
-
-@functools.cache
-def _media_readers() -> tuple[
-    Callable[[Tokenizer, Sequence[ChatTurn], Sequence[MediaItem]], tuple[MultimodalItem, ...]],
-    Callable[[Sequence[ChatMessage]], list[MediaItem]],
-]:
-    """``kv_multimodal`` and ``chat_media``, imported on first use: the render family imports
-    this module (a cycle at the top), and an import statement in the handler costs
-    about 8,000 instructions each time it runs."""
-    from llmsim.api.render.features import kv_multimodal
-    from llmsim.api.render.sources import chat_media
-
-    return kv_multimodal, chat_media
 
 
 def register(router: Router) -> None:

@@ -9,21 +9,17 @@ Errors on these routes use Anthropic's envelope.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
-
 from llmsim.api.context import Call
 from llmsim.api.errors import JSON_HEADERS
 from llmsim.api.failures import check_injected_failure
 from llmsim.api.generation import RequestIdentity, check_job_count, check_output_volume, collect, stream
+from llmsim.api.media import media_readers
 from llmsim.api.messages.render import (
     MessageShell,
     MessagesStreamRenderer,
     message_body,
 )
 from llmsim.api.messages.request import (
-    MessagesRequest,
     conversation_turns,
     function_tools,
     last_user_text,
@@ -36,12 +32,7 @@ from llmsim.api.router import ErrorStyle, Router
 from llmsim.api.stops import StopRule, finish_turn
 from llmsim.api.tool_support import planning_errors
 from llmsim.api.transfer import forced_cache_threshold, job_threshold
-from llmsim.engine.kv_hashing import MultimodalItem
-from llmsim.model.tokenizer import ChatTurn, Tokenizer
 from llmsim.model.tools import plan_tool_calls as plan_tool_calls_of
-
-if TYPE_CHECKING:  # imported on first use at run time (_media_readers)
-    from llmsim.api.render.features import MediaItem
 
 __all__ = ["count_tokens", "create_message", "register"]
 
@@ -54,10 +45,10 @@ async def create_message(call: Call) -> None:
     check_job_count(ctx, 1)
     tools = function_tools(request.tools)
     choice = tool_choice_of(request.tool_choice, tools)
-    kv_multimodal, messages_media = _media_readers()
+    media_of = media_readers()
     turns = conversation_turns(request, tools)
     prompt = prompt_ids(ctx.tokenizer, turns)
-    media = kv_multimodal(ctx.tokenizer, turns, messages_media(request))
+    media = media_of.kv_multimodal(ctx.tokenizer, turns, media_of.messages_media(request))
     # vLLM serves /v1/messages as a chat request whose max_completion_tokens is max_tokens
     # (vllm/entrypoints/anthropic/serving.py:643-644), so its errors name that field.
     check_context_length(
@@ -123,20 +114,6 @@ async def count_tokens(call: Call) -> None:
     tool_choice_of(request.tool_choice, tools)
     count = len(prompt_ids(ctx.tokenizer, conversation_turns(request, tools)))
     call.respond_json({"input_tokens": count, "context_management": {"original_input_tokens": count}})
-
-
-@functools.cache
-def _media_readers() -> tuple[
-    Callable[[Tokenizer, Sequence[ChatTurn], Sequence[MediaItem]], tuple[MultimodalItem, ...]],
-    Callable[[MessagesRequest], list[MediaItem]],
-]:
-    """``kv_multimodal`` and ``messages_media``, imported on first use: the render family imports
-    this module (a cycle at the top), and an import statement in the handler costs
-    about 8,000 instructions each time it runs."""
-    from llmsim.api.render.features import kv_multimodal
-    from llmsim.api.render.sources import messages_media
-
-    return kv_multimodal, messages_media
 
 
 def register(router: Router) -> None:

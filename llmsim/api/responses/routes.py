@@ -12,10 +12,9 @@ stay off and the turn is a message.
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 from llmsim.api.context import ApiContext, Call, seeded_random
 from llmsim.api.errors import JSON_HEADERS, ApiError, validation_error
@@ -23,6 +22,7 @@ from llmsim.api.failures import check_injected_failure
 from llmsim.api.generation import RequestIdentity, check_job_count, check_output_volume, collect, stream
 from llmsim.api.logprobs_format import choice_seed
 from llmsim.api.logprobs_limit import checked_logprobs
+from llmsim.api.media import media_readers
 from llmsim.api.plan import GenerationPlan, PromptPlan, output_cap, plan_fixed_text, plan_text, plan_tool_calls
 from llmsim.api.prompts import check_output_tokens, check_prompt_length, prompt_ids, tool_call_text, tools_turn
 from llmsim.api.request_fields import check_sampling_fields
@@ -34,7 +34,6 @@ from llmsim.api.responses.render import (
     final_response,
 )
 from llmsim.api.responses.request import (
-    ResponsesInput,
     ResponsesRequest,
     function_tools,
     input_conversation,
@@ -49,17 +48,13 @@ from llmsim.api.stops import StopRule, finish_turn
 from llmsim.api.tool_support import planning_errors
 from llmsim.api.transfer import job_threshold
 from llmsim.api.turns import TEXT, TurnPlan
-from llmsim.engine.kv_hashing import MultimodalItem
-from llmsim.model.tokenizer import ChatTurn, Tokenizer
+from llmsim.model.tokenizer import ChatTurn
 from llmsim.model.tools import (
     NamedToolChoice,
     ToolChoice,
     arguments_json,
     plan_single_tool_call,
 )
-
-if TYPE_CHECKING:  # imported on first use at run time (_media_readers)
-    from llmsim.api.render.features import MediaItem
 
 __all__ = ["cancel_response", "create_response", "delete_response", "register", "retrieve_response"]
 
@@ -98,8 +93,8 @@ async def create_response(call: Call) -> None:
     turns.extend(history)
     turns.extend(conversation.turns)
     prompt = _checked_prompt(ctx, request, turns)
-    kv_multimodal, responses_media = _media_readers()
-    media = kv_multimodal(ctx.tokenizer, turns, responses_media(request.input))
+    media_of = media_readers()
+    media = media_of.kv_multimodal(ctx.tokenizer, turns, media_of.responses_media(request.input))
     top_logprobs = _checked_top_logprobs(ctx, request)
 
     identity = _identity(call, request)
@@ -304,20 +299,6 @@ async def cancel_response(call: Call) -> None:
     """Only background responses can be cancelled, and llmsim runs none (vLLM's 400)."""
     call.ctx.response_store.require(call.params["response_id"])
     raise ApiError(400, "Cannot cancel a synchronous response.", param="response_id")
-
-
-@functools.cache
-def _media_readers() -> tuple[
-    Callable[[Tokenizer, Sequence[ChatTurn], Sequence[MediaItem]], tuple[MultimodalItem, ...]],
-    Callable[[ResponsesInput | None], list[MediaItem]],
-]:
-    """``kv_multimodal`` and ``responses_media``, imported on first use: the render family imports
-    this module (a cycle at the top), and an import statement in the handler costs
-    about 8,000 instructions each time it runs."""
-    from llmsim.api.render.features import kv_multimodal
-    from llmsim.api.render.sources import responses_media
-
-    return kv_multimodal, responses_media
 
 
 def register(router: Router) -> None:
