@@ -28,14 +28,7 @@ from llmsim.protocol.native.h2_fastpath import server_connection
 
 REQUEST = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/v1/completions"), (b":authority", b"t")]
 MAX_STREAMS, MAX_HEADERS = SettingCodes.MAX_CONCURRENT_STREAMS, SettingCodes.MAX_HEADER_LIST_SIZE
-REFERENCE_CONFIG = h2.config.H2Configuration(
-    client_side=False,
-    header_encoding=None,
-    validate_outbound_headers=False,
-    normalize_outbound_headers=False,
-    validate_inbound_headers=False,
-    normalize_inbound_headers=False,
-)
+REFERENCE_CONFIG = h2_fastpath._CONFIG  # stock h2 with the server connection's own configuration
 
 
 def outcome(conn: h2.connection.H2Connection, data: bytes) -> tuple:
