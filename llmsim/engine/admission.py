@@ -30,6 +30,8 @@ __all__ = ["CACHE_THRESHOLD", "Admission"]
 
 #: The finish reason of a job whose prefix hit rate was below its ``cache_hit_threshold``.
 CACHE_THRESHOLD = "cache_threshold"
+_PREFILL = JobState.PREFILL
+_UNPAUSED = PauseState.UNPAUSED
 
 
 class Admission(ABC):
@@ -123,7 +125,7 @@ class Admission(ABC):
         and nothing is paused; False when it must queue instead."""
         free = self._waiting_count == 0 and self._running < self._options.max_num_seqs
         free = free and (job.lora is None or self._loras.fits(job.lora))
-        return free and self._pause_state is PauseState.UNPAUSED and self._start(job, now)
+        return free and self._pause_state is _UNPAUSED and self._start(job, now)
 
     def _enqueue(self, job: Job, now: float) -> None:
         """Queue ``job`` (FIFO), or reject it when the waiting queue is full."""
@@ -141,7 +143,7 @@ class Admission(ABC):
         """Admit waiting jobs, oldest first, while slots are free; one whose LoRA adapter does not
         fit keeps its place (vllm/v1/core/sched/scheduler.py:1091-1101), the rest may pass it; one
         whose KV blocks do not fit stops admission until blocks are freed."""
-        if self._pause_state is not PauseState.UNPAUSED or not self._waiting_count:
+        if self._pause_state is not _UNPAUSED or not self._waiting_count:
             return  # paused: waiting jobs stay queued
         if self._blocked is not None and self._blocked == (self._submitted, self._finished + self._cancelled):
             return  # nothing could be admitted, and no job has come or gone since
@@ -174,7 +176,7 @@ class Admission(ABC):
             self._ended.append(job)
             self._ended_time = min(self._ended_time, now)
             return True
-        if not self._allocate(job):
+        if self._kv is not None and not self._allocate(job):
             return False
         self._admit(job, now)
         return True
@@ -217,14 +219,17 @@ class Admission(ABC):
     def _admit(self, job: Job, now: float) -> None:
         self._running += 1
         self._admitted[job] = None
-        job.state = JobState.PREFILL
+        job.state = _PREFILL
         job.admitted_time = now
-        self._loras.add(job)
+        if job.lora is not None:
+            self._loras.add(job)
         self.metrics.admitted(job)
-        if job.remote_prefill:
-            job.prefilled_tokens = job.prompt_tokens
-        else:
-            job.prefilled_tokens = min(max(job.cached_tokens, 0), job.prompt_tokens)
+        prompt_tokens = len(job.prompt_token_ids)
+        cached = job.cached_tokens
+        if job.remote_prefill or cached >= prompt_tokens:
+            job.prefilled_tokens = prompt_tokens
+        else:  # (the cached tokens, at least 0)
+            job.prefilled_tokens = cached if cached > 0 else 0
         self._first_token_due(job, now)
 
     def _release(self, job: Job) -> None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["GRID_SHIFT", "GRID_TOLERANCE", "grid_reach", "step_grid"]
+__all__ = ["GRID_SHIFT", "GRID_TOLERANCE", "grid_reach", "grid_span", "step_grid"]
 
 #: A deadline this close to a grid boundary (in grid intervals) counts as on it: float
 #: sums of the ITL can land a hair off the grid.
@@ -63,3 +63,22 @@ def grid_reach(now: float, grid: float, inverse_grid: float) -> float:
         return now
     reach = (math.floor(now * inverse_grid + GRID_TOLERANCE) + GRID_SHIFT) * grid
     return reach if reach > now else now
+
+
+def grid_span(index: int, grid: float, inverse_grid: float) -> tuple[float, float]:
+    """Deadlines ``(first, last)`` that round to grid time ``index * grid`` by the rule of
+    :data:`GRID_SHIFT` (``math.ceil(deadline * inverse_grid - GRID_SHIFT) == index``),
+    each one checked by that very formula: ``math.inf`` / ``-math.inf`` for an end
+    whose check fails.  The rounding is monotonic in the deadline (a product with a
+    positive number, a difference and ``ceil`` all are, in floats too), so every
+    deadline between two checked ones rounds to ``index`` as well, bit for bit: the
+    per-token path (``Engine._run``) gives such deadlines this time without the formula.
+    The ends lie a millionth of an interval inside the exact boundaries, which float
+    error at any realistic clock value does not reach."""
+    first = (index - 0.5 + 2 * GRID_TOLERANCE) * grid
+    last = (index + 0.5) * grid
+    if math.ceil(first * inverse_grid - GRID_SHIFT) != index:
+        first = math.inf
+    if math.ceil(last * inverse_grid - GRID_SHIFT) != index:
+        last = -math.inf
+    return first, last

@@ -53,20 +53,33 @@ class LatencyModel:
     max_num_seqs: int
     per_token_prefill: bool
     per_token_transfer: bool
+    #: The inter-token latency when every one is the same (no jitter, no load factor), else
+    #: None: the engine's per-token path then skips the model.
+    fixed_itl: float | None = None
+    #: Likewise the TTFT of every job but a P/D decode side's, what the model would give.
+    fixed_ttft: float | None = None
 
     @classmethod
     def from_options(cls, options: LatencyOptions, max_num_seqs: int) -> LatencyModel:
+        per_token_prefill = _uses_per_token(
+            options.latency_calculator, options.time_to_first_token, options.time_to_first_token_std_dev
+        )
+        # Without a load factor, load_factor() is 1.0 exactly; without jitter, jittered()
+        # returns the mean (0 when not positive).
+        constant = options.time_factor_under_load == 1.0 or max_num_seqs <= 1
+        itl = options.inter_token_latency
+        constant_ttft = constant and not per_token_prefill and options.time_to_first_token_std_dev <= 0.0
         return cls(
             options=options,
             max_num_seqs=max_num_seqs,
-            per_token_prefill=_uses_per_token(
-                options.latency_calculator, options.time_to_first_token, options.time_to_first_token_std_dev
-            ),
+            per_token_prefill=per_token_prefill,
             per_token_transfer=_uses_per_token(
                 options.latency_calculator,
                 options.kv_cache_transfer_latency,
                 options.kv_cache_transfer_latency_std_dev,
             ),
+            fixed_itl=itl if constant and (options.inter_token_latency_std_dev <= 0.0 or itl <= 0.0) else None,
+            fixed_ttft=max(options.time_to_first_token, 0.0) if constant_ttft else None,
         )
 
     def load_factor(self, running: int) -> float:
@@ -103,3 +116,21 @@ class LatencyModel:
         """The gap before the next token when the load factor is ``factor``."""
         options = self.options
         return jittered(rng, options.inter_token_latency * factor, options.inter_token_latency_std_dev)
+
+    def due_tokens(
+        self, rng: random.Random, running: int, deadline: float, reach: float, remaining: int, cap: int
+    ) -> tuple[int, float]:
+        """How many of ``remaining`` (at least 2) tokens are due by ``reach``, the first
+        at ``deadline`` and at most ``cap``, with ``running`` jobs holding slots; and the
+        deadline that follows (the next token's, or the last one's when none remain)."""
+        fixed_itl = self.fixed_itl
+        factor = self.load_factor(running)
+        count = 1
+        while True:
+            deadline += fixed_itl if fixed_itl is not None else self.inter_token_latency(rng, factor)
+            if deadline > reach or count == cap:
+                break
+            count += 1
+            if count == remaining:
+                break
+        return count, deadline

@@ -155,6 +155,24 @@ class EngineMetrics:
         # Prompt tokens computed for the jobs that got their first token in the step
         # under way (iteration_tokens_total counts them with the step's output).
         self._step_prompt_tokens = 0
+        # What finished() observes, in the order of its values.
+        self._per_job = tuple(
+            self._histograms[name]
+            for name in (
+                "e2e_request_latency_seconds",
+                "request_queue_time_seconds",
+                "request_prefill_time_seconds",
+                "request_inference_time_seconds",
+                "request_decode_time_seconds",
+                "request_prefill_kv_computed_tokens",
+                "request_prompt_tokens",
+                "request_generation_tokens",
+                "request_time_per_output_token_seconds",
+            )
+        )
+        preemptions = self._histograms["request_num_preemptions"]
+        # Every job has 0 preemptions: always this bucket (and the sum stays 0).
+        self._preemptions = (preemptions.counts, bisect_left(preemptions.bounds, 0))
 
     # --- events (called by the engine) -----------------------------------------------------
 
@@ -163,15 +181,16 @@ class EngineMetrics:
 
     def admitted(self, job: Job) -> None:
         """A job got a running slot: its prompt is looked up in the prefix cache."""
-        self.prefix_cache_queries += job.prompt_tokens
+        self.prefix_cache_queries += len(job.prompt_token_ids)
         self.prefix_cache_hits += job.cached_tokens
 
     def first_token(self, job: Job, now: float) -> None:
-        cached = min(job.cached_tokens, job.prompt_tokens)
+        prompt_tokens = len(job.prompt_token_ids)
+        cached = min(job.cached_tokens, prompt_tokens)
         self.time_to_first_token.observe(now - job.arrival_time)
         self.prompt_tokens_cached += cached
-        self.prompt_tokens_computed += job.prompt_tokens - cached
-        self._step_prompt_tokens += job.prompt_tokens - cached
+        self.prompt_tokens_computed += prompt_tokens - cached
+        self._step_prompt_tokens += prompt_tokens - cached
 
     def step_done(self, generated: int) -> None:
         """An engine step handed out ``generated`` tokens."""
@@ -181,27 +200,34 @@ class EngineMetrics:
             self.iteration_tokens.observe(tokens)
 
     def finished(self, job: Job, now: float) -> None:
-        """``job`` produced its last token at ``now``."""
-        histograms = self._histograms
+        """``job`` produced its last token at ``now``.  (Once per request: the
+        observations are inlined, :meth:`Histogram.observe` in a loop.)"""
         arrival = job.arrival_time
         admitted = job.admitted_time if job.admitted_time is not None else now  # aborted while waiting
         first = job.first_token_time if job.first_token_time is not None else now
         generated = job.emitted
+        prompt_tokens = len(job.prompt_token_ids)
         decode = now - first
         reason = _ENGINE_FINISH_REASONS.get(job.finish_reason, job.finish_reason)
         self.request_success[reason] = self.request_success.get(reason, 0) + 1
-        histograms["e2e_request_latency_seconds"].observe(now - arrival)
-        histograms["request_queue_time_seconds"].observe(admitted - arrival)
-        histograms["request_prefill_time_seconds"].observe(first - admitted)
-        histograms["request_inference_time_seconds"].observe(now - admitted)
-        histograms["request_decode_time_seconds"].observe(decode)
-        histograms["request_num_preemptions"].observe(0)
-        histograms["request_prefill_kv_computed_tokens"].observe(job.prompt_tokens - max(job.cached_tokens, 0))
-        histograms["request_prompt_tokens"].observe(job.prompt_tokens)
-        histograms["request_generation_tokens"].observe(generated)
-        histograms["request_time_per_output_token_seconds"].observe(decode / (generated - 1) if generated > 1 else 0.0)
+        values = (
+            now - arrival,
+            admitted - arrival,
+            first - admitted,
+            now - admitted,
+            decode,
+            prompt_tokens - max(job.cached_tokens, 0),
+            prompt_tokens,
+            generated,
+            decode / (generated - 1) if generated > 1 else 0.0,
+        )
+        for histogram, value in zip(self._per_job, values, strict=True):
+            histogram.counts[bisect_left(histogram.bounds, value)] += 1
+            histogram.sum += value
+        counts, index = self._preemptions
+        counts[index] += 1
         if job.max_tokens:
-            histograms["request_params_max_tokens"].observe(job.max_tokens)
+            self._histograms["request_params_max_tokens"].observe(job.max_tokens)
         group = job.group
         if group is None:
             self._request_done(1, generated)

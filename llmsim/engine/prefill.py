@@ -37,14 +37,11 @@ class ChunkedPrefill:
         inter-token latency; 0: no chunking)."""
         self._budget = budget
         self._period = period
+        #: True when prompts are chunked (the inter-token latency defines periods).
+        self.enabled = period > 0.0
         self._pending: deque[Job] = deque()
         #: End of the period whose budget is spent next; ``math.inf`` when nothing waits.
         self.next_period_end = math.inf
-
-    @property
-    def enabled(self) -> bool:
-        """True when prompts are chunked (the inter-token latency defines periods)."""
-        return self._period > 0.0
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -54,6 +51,7 @@ class ChunkedPrefill:
         ends with chunking switched off prefills everything still queued."""
         self._budget = budget
         self._period = period
+        self.enabled = period > 0.0
 
     def add(self, job: Job, now: float) -> None:
         """Queue an admitted job whose prompt still has tokens to prefill."""
@@ -94,7 +92,7 @@ class ChunkedPrefill:
         pending = self._pending
         while pending and budget > 0:
             job = pending[0]
-            need = job.prompt_tokens - job.prefilled_tokens
+            need = len(job.prompt_token_ids) - job.prefilled_tokens
             if need > budget:
                 job.prefilled_tokens += int(budget)
                 return

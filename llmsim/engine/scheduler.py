@@ -40,8 +40,8 @@ from bisect import bisect_left
 from collections.abc import Callable
 
 from llmsim.engine.admission import CACHE_THRESHOLD, Admission
-from llmsim.engine.grid import GRID_SHIFT, grid_reach, step_grid
-from llmsim.engine.job import Job, JobState
+from llmsim.engine.grid import grid_reach, step_grid
+from llmsim.engine.job import ENDED, Job, JobState
 from llmsim.engine.kv_cache import BlockPool
 from llmsim.engine.latency import LatencyModel
 from llmsim.engine.metrics import EngineMetrics
@@ -58,6 +58,8 @@ MAX_TOKENS_PER_STEP = 16
 _PREFILL = JobState.PREFILL
 _DECODING = JobState.DECODING
 _FINISHED = JobState.FINISHED
+_NEW = JobState.NEW
+_PAUSED_ALL = PauseState.PAUSED_ALL
 
 
 class Engine(Admission, Timetable):
@@ -86,9 +88,10 @@ class Engine(Admission, Timetable):
         self._wakeup: Callable[[], None] | None = None
         self._decoding = 0
         self._quantum_target = 0.0
-        self._fixed_itl: float | None = None
         self._configure()
-        self._callback_job: Job | None = None  # the job whose sink _run is calling
+        # Mid-step, resume() of a job not paused notes its ``emitted``: one noted as it is in
+        # its sink call is not paused by _run when the call returns False.
+        self._resumed: dict[Job, int] = {}
         self._generated_tokens = 0
         self._prompt_tokens = 0
         self._steps = 0
@@ -127,12 +130,6 @@ class Engine(Admission, Timetable):
     def _configure(self) -> None:
         latency = self._latency.options
         self._set_grid(step_grid(latency.inter_token_latency, self._quantum_target))
-        # The per-token path skips the latency model when every ITL is the same.
-        constant_factor = latency.time_factor_under_load == 1.0 or self._options.max_num_seqs <= 1
-        if constant_factor and (latency.inter_token_latency_std_dev <= 0.0 or latency.inter_token_latency <= 0.0):
-            self._fixed_itl = latency.inter_token_latency
-        else:
-            self._fixed_itl = None
 
     # --- the caller's side -------------------------------------------------------------
 
@@ -152,7 +149,7 @@ class Engine(Admission, Timetable):
                 limit); ``job`` is now REJECTED and nothing else changed.
             ValueError: ``job`` was submitted (or cancelled) before.
         """
-        if job.state is not JobState.NEW:
+        if job.state is not _NEW:
             raise ValueError(f"{job!r} was already submitted or cancelled; build a new Job for each submission")
         before = self.next_deadline()
         job.arrival_time = now
@@ -161,7 +158,8 @@ class Engine(Admission, Timetable):
             job.kv_prompt = self._kv.prompt(job.prompt_token_ids, lora_name=job.lora, multimodal=job.kv_multimodal)
         if not self._admit_now(job, now):  # else admitted, or ended by its cache-hit threshold
             self._enqueue(job, now)
-        self._wake_if_earlier(before)
+        if self._wakeup is not None and self._horizon == -math.inf and self._first_head() < before:
+            self._wakeup()
 
     def cancel(self, job: Job, now: float) -> None:
         """Take ``job`` out at once: its queue position or its slot is freed in this call
@@ -171,13 +169,13 @@ class Engine(Admission, Timetable):
         never submitted just becomes CANCELLED (and :meth:`submit` then refuses it).
         """
         previous = job.state
-        if previous in (JobState.FINISHED, JobState.CANCELLED, JobState.REJECTED):
+        if previous in ENDED:
             return
         job.state = JobState.CANCELLED
         job.finish_time = now
         job.paused = False
         job.slot = None
-        if previous is JobState.NEW:
+        if previous is _NEW:
             return
         self._cancelled += 1
         if previous is JobState.WAITING:
@@ -193,10 +191,11 @@ class Engine(Admission, Timetable):
         """Un-pause ``job`` (its sink returned False): its next token is due at
         ``max(job.deadline, now)`` (while the engine is frozen, at the freeze's start at the
         latest: the wake-up shifts it by the frozen time).  A no-op for jobs not paused."""
-        if job is self._callback_job:
-            self._callback_job = None  # (its sink's call is under way: _run will not pause it)
+        if not job.paused:
+            if self._horizon != -math.inf:  # mid-step: perhaps from inside its own sink call
+                self._resumed[job] = job.emitted
             return
-        if not job.paused or job.state is not JobState.DECODING:
+        if job.state is not JobState.DECODING:
             return
         before = self.next_deadline()
         job.paused = False
@@ -208,7 +207,7 @@ class Engine(Admission, Timetable):
         """Absolute time of the next step (the next due deadline, or with a step
         quantum the grid time nearest it); ``math.inf`` when nothing is due
         (or while paused with :attr:`PauseState.PAUSED_ALL`, but for jobs ended at admission)."""
-        if self._pause_state is PauseState.PAUSED_ALL:
+        if self._pause_state is _PAUSED_ALL:
             return self._ended_time  # jobs ended just before the freeze still get their answer
         first = self._ended_time
         if self._ready:
@@ -224,6 +223,9 @@ class Engine(Admission, Timetable):
                 if time < first:
                     first = time
                 break
+            if self._horizon != -math.inf:  # asked mid-step (by a sink): _run may be filling it
+                first = min(first, self._first_live_time())
+                break
             heapq.heappop(times)
             del buckets[time]
         period_end = self._prefill.next_period_end
@@ -235,7 +237,7 @@ class Engine(Admission, Timetable):
         :attr:`PauseState.PAUSED_ALL`, only the answers of jobs ended at admission)."""
         last_step, self._last_step = self._last_step, now
         earliest = self._deliver_ended(now)
-        if self._pause_state is PauseState.PAUSED_ALL:
+        if self._pause_state is _PAUSED_ALL:
             return
         generated_before = self._generated_tokens
         if self._prefill.next_period_end <= now:
@@ -334,15 +336,17 @@ class Engine(Admission, Timetable):
     def _first_token_due(self, job: Job, now: float) -> None:
         """``job`` was admitted at ``now``: its first token is due after its TTFT (with the
         load factor now), once chunked prefill has worked through its uncached prompt."""
-        ttft = self._latency.time_to_first_token(
-            self._rng,
-            prompt_tokens=job.prompt_tokens,
-            cached_tokens=job.cached_tokens,
-            remote_prefill=job.remote_prefill,
-            factor=self._latency.load_factor(self._running),
-        )
+        ttft = self._latency.fixed_ttft
+        if ttft is None or job.remote_prefill:
+            ttft = self._latency.time_to_first_token(
+                self._rng,
+                prompt_tokens=job.prompt_tokens,
+                cached_tokens=job.cached_tokens,
+                remote_prefill=job.remote_prefill,
+                factor=self._latency.load_factor(self._running),
+            )
         job.deadline = now + ttft
-        if self._prefill.enabled and job.prefilled_tokens < job.prompt_tokens:
+        if job.prefilled_tokens < len(job.prompt_token_ids) and self._prefill.enabled:
             self._prefill.add(job, now)
         else:
             self._schedule(job, job.deadline, now)
@@ -352,101 +356,100 @@ class Engine(Admission, Timetable):
         ``due``): hand each one every token due by ``reach`` (see :func:`grid_reach`;
         up to the per-step cap), give it its next entry, and call its sink.
 
-        This is the per-token path, hence one loop with everything inlined (what
-        :meth:`Timetable._schedule` does, among others) and the engine's fields in locals.
+        This is the per-token path, hence one loop with the common case inlined (a
+        fixed ITL, one token, the next one due after this step: what :meth:`_advance`
+        does in general) and the engine's fields in locals.  Two caches spare most
+        jobs the lookups: the ITL histogram bucket of the last ITL (a bucket's jobs
+        mostly share one ITL), and the deadlines known to round to the last grid time
+        given out (:meth:`Timetable._enter`), with its bucket.
         """
-        grid = self._grid
-        inverse_grid = self._inverse_grid
-        fixed_itl = self._fixed_itl
-        buckets = self._buckets
+        fixed_itl = self._latency.fixed_itl
         itl_histogram = self.metrics.inter_token_latency
         itl_bounds, itl_counts = itl_histogram.bounds, itl_histogram.counts
-        # The ITL bucket of the last ITL: (low, high], counts[index].  Empty at first.
-        low, high, index, last_bound = math.inf, -math.inf, 0, len(itl_bounds)
+        # The ITL bucket (low, high] of counts[index], and the ITLs counted in it not yet added.
+        low, high, index, in_bucket = math.inf, -math.inf, 0, 0
         itl_sum = 0.0
-        done = 0
         generated = 0
+        # Deadlines in [first, last] go to ``slot``, whose entries are ``bucket`` (none yet).
+        first, last, slot, bucket = math.inf, -math.inf, READY, self._ready
+        resumed = self._resumed
+        rest = iter(jobs)  # on an exception, what it has not yielded is still due
         try:
-            for job in jobs:
-                done += 1
+            for job in rest:
                 if job.slot != time:
                     continue  # stale: the job moved on
                 if job.paused:
                     job.slot = None  # consumed: resume gives it a new entry
                     continue
-                if job.state is _PREFILL:
-                    self._start_decoding(job, now)
                 start = job.emitted
                 if start:  # one inter-token latency per output, however many tokens it carries
                     itl = now - job.last_token_time
-                    if not low < itl <= high:  # (the jobs of a bucket mostly share one ITL)
+                    if low < itl <= high:
+                        in_bucket += 1
+                    else:
+                        itl_counts[index] += in_bucket
                         index = bisect_left(itl_bounds, itl)
                         low = itl_bounds[index - 1] if index else -math.inf
-                        high = itl_bounds[index] if index < last_bound else math.inf
-                    itl_counts[index] += 1
+                        high = itl_bounds[index] if index < len(itl_bounds) else math.inf
+                        in_bucket = 1
                     itl_sum += itl
+                elif job.state is _PREFILL:
+                    self._start_decoding(job, now)
                 job.last_token_time = now
-                total = len(job.output)
-                deadline = job.deadline
-                # How many tokens are due, and the deadline that follows: the next
-                # token's when some remain, else the last emitted token's.
-                remaining = total - start
-                if remaining <= 0:
-                    count = 0
-                elif remaining == 1:
-                    count = 1
-                elif fixed_itl is not None:
-                    count = 1
-                    while True:
-                        deadline += fixed_itl
-                        if deadline > reach or count == MAX_TOKENS_PER_STEP:
-                            break
-                        count += 1
-                        if count == remaining:
-                            break
-                else:
-                    count, deadline = self._due_tokens(deadline, reach, remaining)
-                stop = start + count
-                job.emitted = stop
-                generated += count
-                if stop == total:
-                    self._finish(job, now, deadline)
-                else:
-                    # The next entry: whatever is due by this step's reach (the per-job
-                    # cap was hit) waits in the ready list for the next step; anything
-                    # later goes to its grid time, which is after ``now``.
+                stop = start + 1
+                if fixed_itl is not None and stop < len(job.output) and (deadline := job.deadline + fixed_itl) > reach:
+                    job.emitted = stop
+                    generated += 1
                     job.deadline = deadline
-                    if deadline > reach:
-                        slot = math.ceil(deadline * inverse_grid - GRID_SHIFT) * grid if grid else deadline
-                        if slot <= now:  # a float hair off: it would be popped again in this step
-                            slot = READY
+                    if first <= deadline <= last:
+                        job.slot = slot
+                        bucket.append(job)
                     else:
-                        slot = READY
-                    job.slot = slot
-                    if slot == READY:
-                        self._ready.append(job)
-                        if deadline < self._ready_time:
-                            self._ready_time = deadline
-                    else:
-                        bucket = buckets.get(slot)
-                        if bucket is None:
-                            buckets[slot] = [job]
-                            heapq.heappush(self._times, slot)
-                        else:
-                            bucket.append(job)
-                # A resume() of this job during the call clears _callback_job: the job
-                # is not paused then (see resume; cleared for good when the loop ends).
-                self._callback_job = job
-                keep_going = job.sink.on_output(job, start, stop, now)
-                if not keep_going and self._callback_job is job and job.state is _DECODING:
-                    job.paused = True
+                        first, last, slot, bucket = self._enter(job, deadline, now)
+                else:
+                    stop = self._advance(job, start, now, reach)
+                    generated += stop - start
+                # False: the client's buffer is full.  A resume() of this job during the
+                # call counts (it noted the job's ``emitted``, see resume): not paused then.
+                if not job.sink.on_output(job, start, stop, now) and job.state is _DECODING:
+                    job.paused = resumed.get(job) != stop
         except BaseException:
-            self._put_back(jobs[done:], time, due)  # a sink raised: the rest is still due
+            self._put_back(list(rest), time, due)  # a sink raised: the rest is still due
             raise
         finally:
-            self._callback_job = None
+            resumed.clear()
             self._generated_tokens += generated
+            itl_counts[index] += in_bucket
             itl_histogram.sum += itl_sum
+
+    def _advance(self, job: Job, start: int, now: float, reach: float) -> int:
+        """The per-token path in general (:meth:`_run` inlines its common case): hand
+        ``job`` every token due by ``reach``, up to the cap, then finish it or give it its
+        next entry; returns its new ``emitted``."""
+        total = len(job.output)
+        deadline = job.deadline
+        # How many tokens are due, and the deadline that follows: the next
+        # token's when some remain, else the last emitted token's.
+        remaining = total - start
+        if remaining <= 0:
+            count = 0
+        elif remaining == 1:
+            count = 1
+        else:
+            count, deadline = self._latency.due_tokens(
+                self._rng, self._running, deadline, reach, remaining, MAX_TOKENS_PER_STEP
+            )
+        stop = start + count
+        job.emitted = stop
+        if stop == total:
+            self._finish(job, now, deadline)
+        elif deadline > reach:  # its grid time, which is after ``now`` (but for a float hair)
+            job.deadline = deadline
+            self._enter(job, deadline, now)
+        else:  # due by this step's reach (the per-job cap was hit): the next step
+            job.deadline = deadline
+            self._enter_ready(job, deadline)
+        return stop
 
     def _finish(self, job: Job, now: float, deadline: float) -> None:
         """``job`` emitted its last token at ``now`` (the last one was due at ``deadline``):
@@ -462,30 +465,23 @@ class Engine(Admission, Timetable):
         if self._waiting_count:
             self._fill_slots(deadline if deadline < now else now)
 
-    def _due_tokens(self, deadline: float, reach: float, remaining: int) -> tuple[int, float]:
-        """The catch-up loop of :meth:`_run` with jittered or load-scaled ITLs."""
-        latency = self._latency
-        factor = latency.load_factor(self._running)
-        rng = self._rng
-        count = 1
-        while True:
-            deadline += latency.inter_token_latency(rng, factor)
-            if deadline > reach or count == MAX_TOKENS_PER_STEP:
-                break
-            count += 1
-            if count == remaining:
-                break
-        return count, deadline
-
     def _start_decoding(self, job: Job, now: float) -> None:
-        job.state = JobState.DECODING
+        job.state = _DECODING
         job.first_token_time = now
-        job.prefilled_tokens = job.prompt_tokens
+        job.prefilled_tokens = prompt_tokens = len(job.prompt_token_ids)
         self._decoding += 1
-        self._prompt_tokens += job.prompt_tokens
+        self._prompt_tokens += prompt_tokens
         self.metrics.first_token(job, now)
 
     # --- bookkeeping ---------------------------------------------------------------------
+
+    def _first_head(self) -> float:
+        """What :meth:`next_deadline` returns when it ran last and since then entries were
+        only added (by :meth:`submit`): every head is live then, so no liveness check."""
+        if self._pause_state is _PAUSED_ALL:
+            return self._ended_time
+        first = min(self._ended_time, self._ready_time, self._prefill.next_period_end)
+        return min(first, self._times[0]) if self._times else first
 
     def _wake_if_earlier(self, before: float) -> None:
         if self._wakeup is not None and self._horizon == -math.inf and self.next_deadline() < before:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import math
 
-from llmsim.engine.grid import GRID_SHIFT
+from llmsim.engine.grid import GRID_SHIFT, grid_span
 from llmsim.engine.job import Job
 
 __all__ = ["READY", "Timetable", "is_live"]
@@ -79,6 +79,39 @@ class Timetable:
         else:
             bucket.append(job)
 
+    def _enter(self, job: Job, deadline: float, now: float) -> tuple[float, float, float, list[Job]]:
+        """The per-token path's entry for ``deadline``, which is past the step's reach: the
+        bucket of its grid time (or of ``deadline`` itself without a grid), or the ready
+        list when that time is not after ``now`` (a float hair).  Returns the deadlines
+        ``(first, last)`` known to get the same time, the time and its bucket, for
+        ``Engine._run``'s cache (an empty span for the ready list)."""
+        grid = self._grid
+        if grid:
+            index = math.ceil(deadline * self._inverse_grid - GRID_SHIFT)
+            time = index * grid
+            if time <= now:
+                self._enter_ready(job, deadline)
+                return math.inf, -math.inf, READY, self._ready
+            first, last = grid_span(index, grid, self._inverse_grid)
+            first, last = min(first, deadline), max(last, deadline)
+        else:
+            time = first = last = deadline
+        job.slot = time
+        bucket = self._buckets.get(time)
+        if bucket is None:
+            bucket = self._buckets[time] = [job]
+            heapq.heappush(self._times, time)
+        else:
+            bucket.append(job)
+        return first, last, time, bucket
+
+    def _enter_ready(self, job: Job, deadline: float) -> None:
+        """Put ``job``, due at ``deadline``, in the ready list (the next step's)."""
+        job.slot = READY
+        self._ready.append(job)
+        if deadline < self._ready_time:
+            self._ready_time = deadline
+
     def _put_back(self, rest: list[Job], time: float, due: float) -> None:
         """Return the entries of a bucket (or of the ready list, due since ``due``) that a
         step did not reach, in their order."""
@@ -90,6 +123,14 @@ class Timetable:
         else:
             self._buckets[time] = rest
             heapq.heappush(self._times, time)
+
+    def _first_live_time(self) -> float:
+        """The earliest step time with a live entry, dropping no bucket: asked mid-step,
+        where ``Engine._run`` may hold a bucket it still fills (``math.inf``: none)."""
+        for time in sorted(self._times):
+            if is_live(self._buckets[time], time):
+                return time
+        return math.inf
 
     def _clear_timetable(self) -> None:
         """Drop every entry (the caller schedules the jobs again)."""
