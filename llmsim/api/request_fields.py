@@ -153,10 +153,13 @@ class GenerationParams(SamplingFields):
         return "max_tokens"
 
 
+_NO_STREAM_OPTIONS = (None, StreamOptions())  # made once: this runs on every chat and completions request
+
+
 def check_generation_params(request: GenerationParams) -> None:
     """The value rules pydantic applies to chat and completions bodies as it reads them
     (model validators, field bounds); ApiError 400 on the first broken one."""
-    if request.stream_options not in (None, StreamOptions()) and not request.streaming:
+    if request.stream_options not in _NO_STREAM_OPTIONS and not request.streaming:
         # vllm/entrypoints/openai/chat_completion/protocol.py:858-868 (a model validator, so first);
         # vLLM tests the dict's truth, so an empty `stream_options: {}` passes
         message = "Stream options can only be defined when `stream=True`."

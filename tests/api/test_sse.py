@@ -58,3 +58,25 @@ def test_sse_content_type() -> None:
         (b"content-type", b"text/event-stream; charset=utf-8"),
         (b"x-llmsim-version", __version__.encode()),
     ) == sse.SSE_HEADERS
+
+
+@given(st.lists(st.text(max_size=70) | st.sampled_from(["", " the", "\n"]), max_size=6))
+def test_escape_all_is_escape_of_each_piece(pieces: list[str]) -> None:
+    sse.escape(pieces[0] if pieces else "")  # some cached, some not (long ones never are)
+    assert sse.escape_all(pieces) == [orjson.dumps(piece)[1:-1] for piece in pieces]
+
+
+@given(st.text(), st.integers(0, 2**40), st.text())
+def test_chunk_head_is_the_json_prefix_of_a_chunk(response_id: str, created: int, model: str) -> None:
+    head = sse.chunk_head(response_id, b'"chat.completion.chunk"', created, model)
+    chunk = json.loads(head.removeprefix(b"data: ") + b'"choices":[]}')
+    assert chunk == {
+        "id": response_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [],
+    }
+    assert head.startswith(
+        b'data: {"id":' + orjson.dumps(response_id) + b',"object":"chat.completion.chunk","created":'
+    )

@@ -54,6 +54,7 @@ from llmsim.api.sse import (
     chunk_head,
     error_events,
     escape,
+    escape_all,
     escape_uncached,
     fingerprint_field,
     json_bytes,
@@ -213,7 +214,7 @@ class ChatStreamRenderer:
         """Bare text chunks; a finished job's last one with its finish reason (a job
         with an empty plan still gets that one chunk, with empty content)."""
         index = job.index
-        pieces = [escape(piece) for piece in job.output[start:stop]]
+        pieces = escape_all(job.output[start:stop])
         if job.state is not _FINISHED:
             if not pieces:
                 return b""

@@ -34,7 +34,7 @@ from llmsim.api.prompts import (
     tools_turn,
 )
 from llmsim.api.request_fields import GenerationParams, InputAudio, MediaUrl, check_generation_params
-from llmsim.api.structure import FieldTypeError, converter, structure
+from llmsim.api.structure import FieldTypeError, converter, read_bodies_fast, structure
 from llmsim.api.structured import ResponseFormat, StructuredOutputsParams
 from llmsim.model.tokenizer import ChatTurn, Tokenizer, render_chat
 from llmsim.model.tools import NamedToolChoice, ToolChoice
@@ -114,6 +114,7 @@ class ChatTool:
     type: str = "function"  # the only type served (see _structure_tool)
 
 
+@read_bodies_fast
 @attrs.frozen(kw_only=True, slots=False)  # see SamplingFields
 class ChatCompletionRequest(GenerationParams):
     messages: tuple[ChatMessage, ...]
@@ -355,7 +356,7 @@ def chat_prompt_ids(
 
 #: Recent plain conversations (text only, see :func:`_plain_prompt`) and their prompt
 #: text, this many at most (the oldest forgotten first): a load test sends the same few.
-_PLAIN_PROMPTS: dict[tuple[ChatMessage, ...], str] = {}
+_PLAIN_PROMPTS: dict[tuple[str | None, ...], str] = {}
 _PLAIN_PROMPTS_KEPT = 512
 #: What a remembered conversation may hold: its messages, and their characters (role,
 #: content and tool_call_id alike), so that an entry stays a few KB whatever the body.
@@ -371,17 +372,21 @@ def _plain_prompt(messages: Sequence[ChatMessage]) -> str | None:
     if len(messages) > _PLAIN_PROMPT_MESSAGES:
         return None
     size = 0
+    strings: list[str | None] = []
     for message in messages:
         content = message.content
         if message.tool_calls or isinstance(content, tuple):
             return None
         size += len(message.role) + len(content or "") + len(message.tool_call_id or "")
+        strings += (message.role, content)
     if size > _PLAIN_PROMPT_CHARS:
         return None
-    key = tuple(messages)
+    # Keyed by what the rendering reads, each role and content: strings hash and compare
+    # in C, a ChatMessage through its attrs-made __hash__ and __eq__.
+    key = tuple(strings)
     text = _PLAIN_PROMPTS.get(key)
     if text is None:
-        text = render_chat(chat_turns(key))
+        text = render_chat(chat_turns(messages))
         if len(_PLAIN_PROMPTS) >= _PLAIN_PROMPTS_KEPT:
             del _PLAIN_PROMPTS[next(iter(_PLAIN_PROMPTS))]
         _PLAIN_PROMPTS[key] = text

@@ -37,6 +37,7 @@ from llmsim.api.sse import (
     chunk_head,
     error_events,
     escape,
+    escape_all,
     escape_uncached,
     fingerprint_field,
     json_bytes,
@@ -124,7 +125,7 @@ class CompletionStreamRenderer:
             return self._text_opens[index] + escape(job.output[start]) + _TOKEN_CLOSE
         if self._prompt_only:
             return self._prompt_chunk(job)
-        texts = [escape(piece) for piece in job.output[start:stop]]
+        texts = escape_all(job.output[start:stop])
         if start == 0 and self._echo_prompts is not None:
             prompt = self._echo_prompts[index // self._choices_per_prompt]
             texts[:1] = [prompt + (texts[0] if texts else b"")]

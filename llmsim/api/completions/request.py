@@ -15,7 +15,7 @@ import attrs
 
 from llmsim.api.errors import ApiError, validation_error
 from llmsim.api.request_fields import GenerationParams, Prompt, check_generation_params
-from llmsim.api.structure import structure
+from llmsim.api.structure import read_bodies_fast, structure
 from llmsim.api.structured import ResponseFormat, StructuredOutputsParams
 
 __all__ = ["COMPLETIONS_DEFAULT_MAX_TOKENS", "CompletionRequest", "check_suffix", "parse_completion_request"]
@@ -23,6 +23,7 @@ __all__ = ["COMPLETIONS_DEFAULT_MAX_TOKENS", "CompletionRequest", "check_suffix"
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest.max_tokens default
 
 
+@read_bodies_fast
 @attrs.frozen(kw_only=True, slots=False)  # see SamplingFields
 class CompletionRequest(GenerationParams):
     prompt: Prompt

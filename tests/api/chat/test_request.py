@@ -28,3 +28,17 @@ def test_other_conversations_are_not_remembered_but_rendered_alike() -> None:
         assert chat_prompt_ids(tokenizer, messages) == prompt_ids(tokenizer, chat_turns(messages))
     plain = (ChatMessage("user", "Hello there"),)
     assert chat_prompt_ids(tokenizer, plain) == prompt_ids(tokenizer, chat_turns(plain))
+
+
+def test_the_remembered_prompt_is_keyed_by_what_the_rendering_reads() -> None:
+    first = (ChatMessage("tool", "42", tool_call_id="call-1"), ChatMessage("user", None))
+    text = _plain_prompt(first)
+    assert text == render_chat(chat_turns(first))
+    # the rendering reads roles and contents only: the same text, remembered
+    assert _plain_prompt((ChatMessage("tool", "42", tool_call_id="call-2"), ChatMessage("user", None))) is text
+    for other in (
+        (ChatMessage("tool", "42"), ChatMessage("user", "")),  # None and "" render alike, remembered apart
+        (ChatMessage("user", "42"), ChatMessage("tool", None)),
+        (ChatMessage("tool", "42user"),),
+    ):
+        assert _plain_prompt(other) == render_chat(chat_turns(other))
