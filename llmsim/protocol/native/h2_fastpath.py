@@ -35,8 +35,10 @@ effect in the states we act in is skipped, and the rest is done exactly as h2 wo
   ``min(stream window, connection window)`` (checked) nor ``max_outbound_frame_size``
   (h2 updates that when the peer's MAX_FRAME_SIZE setting is acknowledged).  No
   padding, so ``flow_controlled_length`` is the payload length.
-* A response head (:func:`send_response_head`) still takes the stream's ``SEND_HEADERS``
-  (and ``SEND_END_STREAM``) through h2's state machine; the block is encoded by the
+* A response head (:func:`send_response_head`) takes the stream's ``SEND_HEADERS`` as
+  h2's transition does (in OPEN and HALF_CLOSED_REMOTE it only marks a server's first
+  headers sent; anything else goes through h2's state machine), and ``SEND_END_STREAM``
+  likewise (from HALF_CLOSED_REMOTE it closes the stream, sent by us); the block is encoded by the
   connection's own HPACK encoder as h2 would (its outbound normalization and
   validation are off in llmsim's configuration; a head already encoded in the same
   table state is not encoded again, :mod:`.h2_hpack`), and split at the stream's
@@ -60,6 +62,7 @@ and through here leave identical bytes, windows and states), and
 
 from __future__ import annotations
 
+import collections
 import struct
 from collections.abc import Sequence
 
@@ -70,7 +73,8 @@ from h2.connection import AllowedStreamIDs, ConnectionInputs, ConnectionState, _
 from h2.errors import ErrorCodes
 from h2.exceptions import ProtocolError, StreamClosedError, StreamIDTooLowError, TooManyStreamsError
 from h2.settings import SettingCodes, Settings
-from h2.stream import H2Stream, StreamInputs, StreamState
+from h2.stream import STREAM_OPEN, H2Stream, H2StreamStateMachine, StreamClosedBy, StreamInputs, StreamState
+from h2.windows import WindowManager
 from hyperframe.frame import DataFrame, Frame, HeadersFrame, RstStreamFrame, WindowUpdateFrame
 
 from llmsim.protocol.native.frames import FRAME_HEADER, data_frames, header_block_frames
@@ -101,7 +105,11 @@ _HALF_CLOSED_REMOTE = StreamState.HALF_CLOSED_REMOTE
 _CLOSED = StreamState.CLOSED
 _SEND_END_STREAM = StreamInputs.SEND_END_STREAM
 _SEND_HEADERS = StreamInputs.SEND_HEADERS
+_CLOSED_BY_SEND_END_STREAM = StreamClosedBy.SEND_END_STREAM
 _RECV_HEADERS = ConnectionInputs.RECV_HEADERS
+# h2's closed streams are a SizeLimitDict (an OrderedDict trimming itself on each
+# insertion, in Python): the walk inserts without the trim, then trims once.
+_remember = collections.OrderedDict.__setitem__
 _PACK_HEADER = FRAME_HEADER.pack
 # A DATA frame's header without flags and under 64 KiB: FRAME_HEADER with its first byte
 # (the length's top byte), type and flags zero, as padding: two arguments to pack, not five.
@@ -165,12 +173,18 @@ class ServerConnection(h2.connection.H2Connection):
         plus 64), in amortized O(1); the table size is returned, an upper bound of the
         true count.  The walk forgets what h2's ``_open_streams`` forgets, in the same
         order (every CLOSED stream, remembering how it was closed), without h2's two
-        property calls per stream."""
+        property calls per stream; h2's ``SizeLimitDict`` of closed streams is trimmed
+        once after the walk instead of after each one (the same newest
+        ``MAX_CLOSED_STREAMS`` remain, in the same order)."""
         streams = self.streams
         if len(streams) >= self._next_walk:
             closed = [sid for sid, stream in streams.items() if stream.state_machine.state is _CLOSED]
+            remembered = self._closed_streams
+            assert isinstance(remembered, collections.OrderedDict)
             for sid in closed:
-                self._closed_streams[sid] = streams.pop(sid).state_machine.stream_closed_by
+                _remember(remembered, sid, streams.pop(sid).state_machine.stream_closed_by)
+            for _ in range(len(remembered) - self.MAX_CLOSED_STREAMS):
+                remembered.popitem(last=False)
             self._next_walk = max(64, 2 * len(streams))
         return len(streams)
 
@@ -181,8 +195,9 @@ class ServerConnection(h2.connection.H2Connection):
         if stream is None or stream_id <= 0 or acknowledged_size < 0:
             super().acknowledge_received_data(acknowledged_size, stream_id)
             return
-        increment = self._inbound_flow_control_window_manager.process_bytes(acknowledged_size)
-        stream_increment = stream._inbound_window_manager.process_bytes(acknowledged_size) if stream.open else 0
+        increment = _process_bytes(self._inbound_flow_control_window_manager, acknowledged_size)
+        stream_open = STREAM_OPEN[stream.state_machine.state]  # (H2Stream.open, without the property call)
+        stream_increment = _process_bytes(stream._inbound_window_manager, acknowledged_size) if stream_open else 0
         if increment or stream_increment:
             frames: list[Frame] = []
             if increment:
@@ -192,7 +207,8 @@ class ServerConnection(h2.connection.H2Connection):
             self._prepare_for_sending(frames)
 
     def _receive_frame(self, frame: Frame) -> list[h2.events.Event]:
-        """h2 4.x's own, less ``logger.trace("Received frame: %s", repr(frame))``."""
+        """h2 4.x's own, less ``logger.trace("Received frame: %s", repr(frame))`` and the
+        call that sends no frames."""
         events: list[h2.events.Event]
         try:
             frames, events = self._frame_dispatch_table[frame.__class__](frame)
@@ -215,7 +231,8 @@ class ServerConnection(h2.connection.H2Connection):
             else:
                 raise
         else:
-            self._prepare_for_sending(frames)
+            if frames:  # (_prepare_for_sending does nothing without: a request's frames make none)
+                self._prepare_for_sending(frames)
         return events
 
     def _receive_data_frame(self, frame: DataFrame) -> tuple[list[Frame], list[h2.events.Event]]:
@@ -272,7 +289,7 @@ class ServerConnection(h2.connection.H2Connection):
         block = self.decoder.take_last()  # (this frame's block, if remembered)
         # (RECV_HEADERS leaves SERVER_OPEN as it is, with no event.)
         events = [] if self.state_machine.state is _SERVER_OPEN else self.state_machine.process_input(_RECV_HEADERS)
-        flags = frame.flags
+        flags = frame.flags._flags  # (the flag names: a set's ``in``, not Flags.__contains__)
         if block is not None and block.plain and opening and sid & 1 and "PRIORITY" not in flags:
             assert isinstance(headers, list)
             return [], events + open_request(self, sid, block, headers, "END_STREAM" in flags), block
@@ -286,6 +303,30 @@ class ServerConnection(h2.connection.H2Connection):
             stream_events.extend(p_events)
             assert not p_frames
         return frames, events + stream_events, block
+
+
+def _end_stream_sent(machine: H2StreamStateMachine) -> None:
+    """A frame with END_STREAM is sent: ``SEND_END_STREAM`` through the stream's state
+    machine.  From HALF_CLOSED_REMOTE (the request complete, the usual case) h2's
+    transition closes the stream and its ``send_end_stream`` records who closed it:
+    done here without the table lookup; from any other state, by h2's machine."""
+    if machine.state is _HALF_CLOSED_REMOTE:
+        machine.state = _CLOSED
+        machine.stream_closed_by = _CLOSED_BY_SEND_END_STREAM
+    else:
+        machine.process_input(_SEND_END_STREAM)
+
+
+def _process_bytes(manager: WindowManager, size: int) -> int | None:
+    """``manager.process_bytes(size)``: h2 counts the bytes processed and runs its
+    algorithm (``WindowManager._maybe_update_window``), which returns an increment only
+    when the window is exhausted or half of it is processed; otherwise the count is all
+    that changes, and that is done here without the two calls."""
+    processed = manager._bytes_processed + size
+    if manager.current_window_size and processed < manager.max_window_size // 2:
+        manager._bytes_processed = processed
+        return 0
+    return manager.process_bytes(size)
 
 
 def server_connection(settings_limit: int, max_header_bytes: int, upgrade_settings: bytes | None) -> ServerConnection:
@@ -417,7 +458,7 @@ def send_data(
         stream.outbound_flow_control_window -= size
     data_frames(out, stream.stream_id, data, conn.max_outbound_frame_size, end_stream)
     if end_stream:
-        stream.state_machine.process_input(_SEND_END_STREAM)
+        _end_stream_sent(stream.state_machine)
 
 
 def send_response_head(
@@ -436,11 +477,20 @@ def send_response_head(
 
     (An informational head or trailers take other state transitions: leave them to h2.)
     """
-    stream.state_machine.process_input(_SEND_HEADERS)
+    machine = stream.state_machine
+    state = machine.state
+    if (state is _HALF_CLOSED_REMOTE or state is _OPEN) and machine.client is False and not machine.headers_sent:
+        # SEND_HEADERS from OPEN or HALF_CLOSED_REMOTE (sendable_stream's states) keeps
+        # the state, and its ``response_sent`` only marks the headers sent on a server's
+        # stream that has sent none (its event is dropped, as send_headers drops it):
+        # done here without the state machine's table lookup and event.
+        machine.headers_sent = True
+    else:
+        machine.process_input(_SEND_HEADERS)  # (raises what h2 raises)
     max_frame = stream.max_outbound_frame_size
     assert max_frame is not None  # set by the connection as it creates the stream
     block, method = conn.encoder.encode_head(status, headers)
     header_block_frames(out, stream.stream_id, block, max_frame, end_stream)
     if end_stream:
-        stream.state_machine.process_input(_SEND_END_STREAM)
+        _end_stream_sent(machine)
     stream.request_method = method

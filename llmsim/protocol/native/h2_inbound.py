@@ -54,6 +54,7 @@ from typing import Any
 from h2.connection import H2Connection
 from h2.events import DataReceived, Event, RequestReceived, StreamEnded
 from h2.frame_buffer import FrameBuffer
+from h2.settings import SettingCodes
 from h2.stream import H2Stream, StreamState
 from hpack import Decoder, HeaderTuple
 from hpack.struct import Header
@@ -82,14 +83,6 @@ _DATA_FLAGS = {flag.name for flag in DataFrame.defined_flags}
 _HEADERS_FLAGS = {flag.name for flag in HeadersFrame.defined_flags}
 
 
-def _flags(valid: set[str], names: set[str]) -> Flags:
-    """``Flags(defined_flags)`` with ``names`` added, as ``Frame.parse_flags`` makes it."""
-    flags: Flags = object.__new__(Flags)
-    flags._valid_flags = valid
-    flags._flags = names
-    return flags
-
-
 class InboundFrames(FrameBuffer):
     """h2's frame buffer, making an ordinary request's frames directly (see the
     module docstring)."""
@@ -105,18 +98,22 @@ class InboundFrames(FrameBuffer):
         if not stream_id or len(data) < end or length > self.max_frame_size:
             return super().__next__()
         frame: DataFrame | HeadersFrame
+        # (Flags as ``Frame.parse_flags`` makes them: the class's flag names, and those set.)
+        flags: Flags = object.__new__(Flags)
         if kind == 0x0 and not bits & _PADDED:
             frame = object.__new__(DataFrame)
-            frame.flags = _flags(_DATA_FLAGS, {"END_STREAM"} if bits & _END_STREAM else set())
+            flags._valid_flags = _DATA_FLAGS
+            flags._flags = {"END_STREAM"} if bits & _END_STREAM else set()
         elif kind == 0x1 and bits & _END_HEADERS and not bits & (_PADDED | _PRIORITY):
             frame = object.__new__(HeadersFrame)
-            names = {"END_HEADERS", "END_STREAM"} if bits & _END_STREAM else {"END_HEADERS"}
-            frame.flags = _flags(_HEADERS_FLAGS, names)
+            flags._valid_flags = _HEADERS_FLAGS
+            flags._flags = {"END_HEADERS", "END_STREAM"} if bits & _END_STREAM else {"END_HEADERS"}
             frame.depends_on = 0
             frame.stream_weight = 0
             frame.exclusive = False
         else:
             return super().__next__()
+        frame.flags = flags
         frame.stream_id = stream_id
         frame.body_len = length
         frame.pad_length = 0
@@ -212,6 +209,7 @@ class CachingDecoder(Decoder):
 # --- streams ------------------------------------------------------------------------------
 
 _OPEN, _HALF_CLOSED_REMOTE = StreamState.OPEN, StreamState.HALF_CLOSED_REMOTE
+_INITIAL_WINDOW_SIZE = SettingCodes.INITIAL_WINDOW_SIZE
 
 
 def open_request(
@@ -235,8 +233,10 @@ def open_request(
     stream = H2Stream(
         stream_id,
         config=conn.config,
-        inbound_window_size=conn.local_settings.initial_window_size,
-        outbound_window_size=conn.remote_settings.initial_window_size,
+        # (Settings.initial_window_size: the current value, read as Settings.__getitem__
+        # reads it, without its two Python calls.)
+        inbound_window_size=conn.local_settings._settings[_INITIAL_WINDOW_SIZE][0],
+        outbound_window_size=conn.remote_settings._settings[_INITIAL_WINDOW_SIZE][0],
     )
     stream.max_outbound_frame_size = conn.max_outbound_frame_size
     conn.streams[stream_id] = stream
@@ -264,12 +264,14 @@ def request_data(conn: H2Connection, stream: H2Stream, frame: DataFrame) -> list
     ``content-length`` error leaves the same state behind), with the state machines'
     no-op transitions (``RECV_DATA`` from SERVER_OPEN to SERVER_OPEN, from OPEN to
     OPEN) made by hand, and ``RECV_END_STREAM`` as ``stream_half_closed`` makes it."""
-    length = frame.flow_controlled_length
+    # (hyperframe's ``flow_controlled_length`` and ``in frame.flags``, on the flag set itself.)
+    flags = frame.flags._flags
+    data = frame.data
+    length = len(data) + frame.pad_length + 1 if "PADDED" in flags else len(data)
     conn._inbound_flow_control_window_manager.window_consumed(length)
     event = DataReceived(stream_id=stream.stream_id)
     stream._inbound_window_manager.window_consumed(length)
-    data = frame.data
-    end_stream = "END_STREAM" in frame.flags
+    end_stream = "END_STREAM" in flags
     stream._track_content_length(len(data), end_stream)
     events: list[Event] = [event]
     if end_stream:

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = ["Http2Output"]
 
 _STREAMING = ResponseState.STREAMING
+_ENDED_STATES = frozenset(state for state in ResponseState if state.ended)  # (a set: no property call)
 
 
 class Http2Output:
@@ -93,6 +94,8 @@ class Http2Output:
             out.append(h2conn.data_to_send())
         self._guard.taken()
         ready = self._ready
+        if not ready:  # only frames made already (above all, the per-token ones): the usual batch
+            return b"".join(out)  # (h2's buffer is drained above, and nothing added to it since)
         sent = self._sent
         for _ in range(len(ready)):
             stream = ready.popleft()
@@ -167,7 +170,7 @@ class Http2Output:
         send them); return whether they ended the stream."""
         h2conn = self._h2
         status, headers = stream.take_head()
-        end = stream.state.ended and not stream.buffered and not stream.trailers
+        end = stream.state in _ENDED_STATES and not stream.buffered and not stream.trailers
         h2stream = sendable_stream(h2conn, stream.stream_id)
         if h2stream is None or (b"%d" % status).startswith(b"1"):  # 1xx: h2's informational path
             fields = response_headers(status, headers)
@@ -228,13 +231,22 @@ class Http2Output:
         if stream.reset_when_done:
             self._h2.reset_stream(stream.stream_id, ErrorCodes.NO_ERROR)
             out.append(self._h2.data_to_send())
-        del self._streams[stream.stream_id]
-        self._stalled.discard(stream)
-        self._t.tracker.request_served()
-        self._closed()
+        streams = self._streams
+        del streams[stream.stream_id]
+        stalled = self._stalled
+        if stalled.streams:  # (only a client that does not read stalls a stream)
+            stalled.discard(stream)
+        tracker = self._t.tracker
+        tracker.request_served()
+        if streams:  # _closed(), while other streams are open
+            tracker.stream_closed()
+        else:
+            self._closed()
         stream.finish()
 
     def flushed(self) -> None:
+        if not self._sent:  # (the usual case: no new list)
+            return
         sent, self._sent = self._sent, []
         for stream in sent:
             stream.flushed()

@@ -10,7 +10,7 @@ from typing import Protocol
 
 from llmsim.api.http import Application, HttpRequest, ResponseStream
 
-__all__ = ["FailableResponse", "fail_if_unended", "handle_or_fail"]
+__all__ = ["FailableResponse", "fail_if_unended", "handle_or_fail", "handler_failed"]
 
 log = logging.getLogger("llmsim.protocol")
 
@@ -25,10 +25,15 @@ async def handle_or_fail(app: Application, request: HttpRequest, response: Faila
     try:
         await app.handle(request, response)
     except Exception:
-        log.exception("handler for %s %s failed", request.method, request.path)
-        response.fail("the server failed while answering this request; see the server log")
+        handler_failed(request, response)
         return False
     return True
+
+
+def handler_failed(request: HttpRequest, response: FailableResponse) -> None:
+    """The handler raised (call it in the ``except`` block): log it, fail ``response``."""
+    log.exception("handler for %s %s failed", request.method, request.path)
+    response.fail("the server failed while answering this request; see the server log")
 
 
 def fail_if_unended(request: HttpRequest, response: FailableResponse) -> None:

@@ -47,6 +47,10 @@ log = logging.getLogger("llmsim.protocol")
 UPGRADE_ERRORS = (ValueError, h2.exceptions.ProtocolError)
 _OPEN, _CLOSING, _FINISHED = HandlerPhase.OPEN, HandlerPhase.CLOSING, HandlerPhase.FINISHED
 _STREAMING = ResponseState.STREAMING
+# ResponseState's ``started`` and ``closed`` as sets (a C-level ``in``, not a property
+# call) for the per-request checks.
+_UNSTARTED = frozenset(state for state in ResponseState if not state.started)
+_CLOSED_STATES = frozenset(state for state in ResponseState if state.closed)
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -220,7 +224,7 @@ class Http2Handler(Http2Output):
         assert sid is not None and event.flow_controlled_length is not None and event.data is not None
         self._h2.acknowledge_received_data(event.flow_controlled_length, sid)
         stream = self._streams.get(sid)
-        if stream is None or stream.state.started:
+        if stream is None or stream.state not in _UNSTARTED:
             return  # refused, or already answered
         stream.body.append(event.data)
         stream.body_size += len(event.data)
@@ -235,7 +239,7 @@ class Http2Handler(Http2Output):
         if stream is None:
             return
         stream.reset_when_done = False
-        if not stream.state.started:
+        if stream.state in _UNSTARTED:
             self._start_handler(stream)
 
     def _on_stream_reset(self, event: h2.events.StreamReset) -> None:
@@ -328,9 +332,11 @@ class Http2Handler(Http2Output):
     def _start_handlers(self) -> None:
         """Run the handlers of the requests completed by this read, unless reset since."""
         starting, self._starting = self._starting, []
+        transport = self._t
+        spawn, app, faults = transport.spawn, transport.app, transport.settings.faults
         for stream, request in starting:
-            if not stream.state.closed:
-                self._t.spawn(run_handler, self._t.app, request, stream, self._t.settings.faults)
+            if stream.state not in _CLOSED_STATES:
+                spawn(run_handler, app, request, stream, faults)
 
     def _refuse_body(self, stream: Http2Stream) -> None:
         limit = self._t.settings.max_body_bytes

@@ -20,13 +20,16 @@ from typing import Protocol, Self, TypeVar
 
 import attrs
 
-from llmsim.api.http import Application, HttpRequest
+from llmsim.api.http import Application, HttpRequest, ResponseState
 from llmsim.faults import FAULT_HEADER
 from llmsim.protocol.native.faulty import FaultInjection, run_with_faults
-from llmsim.protocol.native.handling import fail_if_unended, handle_or_fail
+from llmsim.protocol.native.handling import fail_if_unended, handler_failed
 from llmsim.protocol.response import BufferedResponse, StreamHost
 
 __all__ = ["NativeHost", "OutboundStream", "content_length", "run_handler", "split_target"]
+
+# A handler that returned has usually ended its response (ENDED) or had it sent (DONE).
+_ENDED, _DONE = ResponseState.ENDED, ResponseState.DONE
 
 
 _StreamT = TypeVar("_StreamT", bound="OutboundStream", contravariant=True)
@@ -131,10 +134,16 @@ async def run_handler(
     if header is not None:
         await run_with_faults(app, request, stream, header, faults)
         return
+    # handle_or_fail and fail_if_unended, inlined: one coroutine and two calls less per request.
     with stream.cancel_scope:
-        if not await handle_or_fail(app, request, stream):
+        try:
+            await app.handle(request, stream)
+        except Exception:
+            handler_failed(request, stream)
             return
-    fail_if_unended(request, stream)
+    state = stream.state
+    if state is not _ENDED and state is not _DONE:
+        fail_if_unended(request, stream)
 
 
 def split_target(target: bytes) -> tuple[str, str]:
