@@ -81,18 +81,22 @@ class WriteCoalescer:
 
     held: bool = False
     _pending: list[Connection] = attrs.field(factory=list, init=False)
+    #: ``defer(connection)`` queues it for :meth:`release`: the queue's own ``append``
+    #: (no Python call per connection per step; the queue is emptied, never replaced).
+    defer: Callable[[Connection], None] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.defer = self._pending.append
 
     def hold(self) -> None:
         self.held = True
 
-    def defer(self, connection: Connection) -> None:
-        self._pending.append(connection)
-
     def release(self) -> None:
-        self.held = False
-        pending, self._pending = self._pending, []
+        self.held = False  # (so nothing is deferred while the queue is sent)
+        pending = self._pending
         for connection in pending:
             connection.flush_now()
+        pending.clear()
 
 
 @attrs.define(eq=False, repr=False)

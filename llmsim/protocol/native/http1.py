@@ -19,7 +19,7 @@ import trio
 from llmsim.api.http import Headers, HttpRequest, ResponseState, reason_phrase
 from llmsim.protocol.native.base import HandlerPhase, Transport
 from llmsim.protocol.native.frames import chunk, h11_sends_chunked, last_chunk
-from llmsim.protocol.native.http1_fastpath import chunked_head, parse_whole_request
+from llmsim.protocol.native.http1_fastpath import SIZE_LINES, chunked_head, parse_whole_request
 from llmsim.protocol.native.http2 import UPGRADE_ERRORS, Http2Handler
 from llmsim.protocol.native.stream import OutboundStream, content_length, run_handler, split_target
 
@@ -32,6 +32,7 @@ _CLOSE = (b"connection", b"close")
 _SWITCHING_TO_H2C = b"HTTP/1.1 101 Switching Protocols\r\nconnection: Upgrade\r\nupgrade: h2c\r\n\r\n"
 _STREAMING = ResponseState.STREAMING
 _OPEN, _CLOSING, _FINISHED = HandlerPhase.OPEN, HandlerPhase.CLOSING, HandlerPhase.FINISHED
+_TABLED, _CRLF, _join, _LAST_CHUNK = len(SIZE_LINES), b"\r\n", b"".join, last_chunk()
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -52,12 +53,14 @@ class Http1Response(OutboundStream):
         below the low-water mark (so backpressure is as before: a client that does not
         read congests the connection, and later writes buffer up to the high-water
         mark).  A second write before the batch leaves takes that chunk back into the
-        buffer first, so one step's writes still leave as one chunk."""
+        buffer first, so one step's writes still leave as one chunk.  The chunk is
+        :func:`.frames.chunk`'s, with its size line from a table (not formatted)."""
         if self.chunked and self.state is _STREAMING and not self.buffered and self.frame_at_once:
             host = self.host
             if not host._out:
-                if 0 < len(data) < self.low_water and not host._t.congested:
-                    host._out.append(chunk(data))
+                size = len(data)
+                if 0 < size < self.low_water and not host._t.congested:
+                    host._out.append(_join((SIZE_LINES[size], data, _CRLF)) if size < _TABLED else chunk(data))
                     host._framed = data
                     host._t.wake_writer()
                     return True
@@ -78,6 +81,7 @@ class Http1Handler:
         self._t = transport
         self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=transport.settings.max_header_bytes)
         self._phase = _OPEN  # CLOSING: close once the current response is out
+        self.finished = False  # _phase is FINISHED (an attribute: read after every flush)
         self._response: Http1Response | None = None
         self._request: h11.Request | None = None  # head of the request whose body is arriving
         # h11 is idle with nothing buffered: a whole ordinary request may skip it (.http1_fastpath).
@@ -94,10 +98,6 @@ class Http1Handler:
         self._head_deadline: float | None = trio.current_time() + transport.settings.header_read_timeout
         self._idle_deadline = math.inf
         transport.set_read_deadline(self._head_deadline)
-
-    @property
-    def finished(self) -> bool:
-        return self._phase is _FINISHED
 
     # --- input -------------------------------------------------------------------------
     def receive(self, data: bytes) -> None:
@@ -245,7 +245,7 @@ class Http1Handler:
             log.debug("declining Upgrade: h2c, bad HTTP2-Settings header: %s", exc)
             return False
         self._out = []
-        self._phase = _FINISHED
+        self._phase, self.finished = _FINISHED, True
         trailing, _ = self._h11.trailing_data
         self._t.switch_to(handler)
         handler.serve_upgraded(attrs.evolve(request, http_version="2"))
@@ -358,23 +358,23 @@ class Http1Handler:
             self.connection_lost()
 
     def _render_events(self, stream: Http1Response, out: list[bytes]) -> None:
-        if stream.head_pending and stream.bypassed:
-            head = chunked_head(stream.status, stream.headers) if self._keeps_open() else None
+        if stream.head_pending:
+            head = chunked_head(stream.status, stream.headers) if stream.bypassed and self._keeps_open() else None
             if head is not None:
                 stream.take_head()
                 out.append(head)
                 stream.chunked = True
                 self._raw = b""  # (h11 will not need it: no request bytes kept per stream)
-            else:
-                self._catch_up()
-                stream.bypassed = False
-        if stream.head_pending:
-            status, headers = stream.take_head()
-            if not self._keeps_open():
-                headers = (*headers, _CLOSE)
-            response = h11.Response(status_code=status, headers=list(headers), reason=reason_phrase(status))
-            out.append(self._send(response))
-            stream.chunked = h11_sends_chunked(self._h11)
+            else:  # h11 writes the head
+                if stream.bypassed:
+                    self._catch_up()
+                    stream.bypassed = False
+                status, headers = stream.take_head()
+                if not self._keeps_open():
+                    headers = (*headers, _CLOSE)
+                response = h11.Response(status_code=status, headers=list(headers), reason=reason_phrase(status))
+                out.append(self._send(response))
+                stream.chunked = h11_sends_chunked(self._h11)
         if stream.buffered:
             data = stream.take(stream.buffered)
             if stream.chunked:
@@ -385,7 +385,7 @@ class Http1Handler:
             # Trailers need a chunked body: on a body with Content-Length they are dropped (api/http.py).
             trailers = stream.trailers if stream.chunked else ()
             if stream.bypassed:
-                out.append(last_chunk(trailers))
+                out.append(last_chunk(trailers) if trailers else _LAST_CHUNK)
             else:
                 end = h11.EndOfMessage(headers=list(trailers)) if trailers else h11.EndOfMessage()
                 out.append(self._send(end))
@@ -448,7 +448,7 @@ class Http1Handler:
         if stream is not None:
             self._t.tracker.stream_closed()
             stream.abort()
-        self._phase = _FINISHED
+        self._phase, self.finished = _FINISHED, True
 
     def begin_shutdown(self) -> None:
         self._close_after_response()
@@ -460,7 +460,7 @@ class Http1Handler:
             self._phase = _CLOSING
 
     def _finish(self) -> None:
-        self._phase = _FINISHED
+        self._phase, self.finished = _FINISHED, True
         self._t.resume_reading()  # so that the close can drain what the client still sends
         self._t.wake_writer()
 
