@@ -21,15 +21,27 @@ import functools
 import random
 import re
 import string
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import attrs
 
+from llmsim.schema.regex_tree import (
+    MAX_PATTERN_LENGTH,
+    Alt,
+    Anchor,
+    Budget,
+    Chars,
+    Node,
+    PatternError,
+    Repeat,
+    Seq,
+    alt,
+    repeat,
+    seq,
+)
+
 __all__ = ["MAX_PATTERN_LENGTH", "PatternError", "StringPattern", "compile_pattern"]
 
-MAX_PATTERN_LENGTH = 128  # longest string a pattern is asked to produce
-_COUNT_CAP = 1 << 62  # counts are only used as weights: cap them to keep arithmetic cheap
-_WORK_LIMIT = 250_000  # length-table multiplications allowed per pattern
 _REALISTIC_EXTRA = 12  # prefer lengths within this many characters of the shortest allowed
 _PROBES = 8  # samples checked against re.search before a pattern is accepted
 
@@ -43,181 +55,6 @@ _INLINE_FLAGS = re.compile(r"\?([a-zA-Z]*)(?:-([a-zA-Z]*))?([:)])")
 _OCTAL = re.compile(r"[0-7]{0,2}")
 _NAMED_CHARACTERS = re.compile(r"\\(?:x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8}))|([^\x00-\x7f])")
 
-Counts = dict[int, int]  # string length -> number of strings of that length (capped)
-
-
-class PatternError(ValueError):
-    """A pattern llmsim cannot generate strings for; the message says which construct."""
-
-
-# --- the tree ------------------------------------------------------------------------
-
-
-@attrs.frozen
-class _Chars:
-    """One character out of ``alphabet``."""
-
-    alphabet: str
-    counts: Counts
-
-    def generate(self, rng: random.Random, length: int, out: list[str]) -> None:
-        out.append(rng.choice(self.alphabet))
-
-
-@attrs.frozen
-class _Seq:
-    """Items one after another; ``suffixes[i]`` counts the strings of ``items[i:]``."""
-
-    items: tuple[_Node, ...]
-    suffixes: tuple[Counts, ...]
-    counts: Counts
-
-    def generate(self, rng: random.Random, length: int, out: list[str]) -> None:
-        for item, rest in zip(self.items, self.suffixes[1:], strict=True):
-            part = _split(rng, item.counts, rest, length)
-            item.generate(rng, part, out)
-            length -= part
-
-
-@attrs.frozen
-class _Alt:
-    options: tuple[_Node, ...]
-    counts: Counts
-
-    def generate(self, rng: random.Random, length: int, out: list[str]) -> None:
-        options = [option for option in self.options if length in option.counts]
-        chosen = rng.choices(options, [option.counts[length] for option in options])[0]
-        chosen.generate(rng, length, out)
-
-
-@attrs.frozen
-class _Repeat:
-    """``item`` repeated: ``len(exact) - 1`` copies, then optional ones.
-
-    ``exact[j]`` counts j mandatory copies; ``optional[j]`` counts up to j optional
-    copies, or any number when ``unbounded`` (then it holds one table).  Optional copies
-    are never empty: an empty copy adds no characters, so it adds no new string.
-    """
-
-    item: _Node
-    pieces: Counts  # the item's non-empty lengths
-    exact: tuple[Counts, ...]
-    optional: tuple[Counts, ...]
-    unbounded: bool
-    counts: Counts
-
-    def generate(self, rng: random.Random, length: int, out: list[str]) -> None:
-        mandatory = _split(rng, self.exact[-1], self.optional[-1], length)
-        rest, left = length - mandatory, len(self.optional) - 1
-        for copies in range(len(self.exact) - 2, -1, -1):
-            part = _split(rng, self.item.counts, self.exact[copies], mandatory)
-            self.item.generate(rng, part, out)
-            mandatory -= part
-        while rest > 0:
-            left -= 1
-            part = _split(rng, self.pieces, self.optional[0 if self.unbounded else left], rest)
-            self.item.generate(rng, part, out)
-            rest -= part
-
-
-@attrs.frozen
-class _Anchor:
-    """``^``/``\\A`` (start) or ``$``/``\\Z`` (end); only allowed at the pattern's edges."""
-
-    start: bool
-    counts: Counts = attrs.field(factory=lambda: {0: 1})
-
-    def generate(self, rng: random.Random, length: int, out: list[str]) -> None:
-        raise AssertionError("anchors are removed before generation")
-
-
-_Node = _Chars | _Seq | _Alt | _Repeat | _Anchor
-
-
-def _split(rng: random.Random, head: Counts, tail: Counts, length: int) -> int:
-    """How much of ``length`` the head takes, weighted by the strings each split allows."""
-    parts = [n for n in head if n <= length and length - n in tail]
-    weights = [head[n] * tail[length - n] for n in parts]
-    return rng.choices(parts, weights)[0]
-
-
-# --- length tables -------------------------------------------------------------------
-
-
-class _Budget:
-    """Bounds the work spent on length tables, so a hostile pattern fails fast."""
-
-    def __init__(self) -> None:
-        self.left = _WORK_LIMIT
-
-    def spend(self, work: int) -> None:
-        self.left -= work
-        if self.left < 0:
-            raise PatternError("is too complex to generate strings from; simplify its nested repetitions")
-
-    def product(self, a: Counts, b: Counts) -> Counts:
-        """Counts of a string from ``a`` followed by one from ``b``."""
-        self.spend(len(a) * len(b))
-        out: Counts = {}
-        for la, ca in a.items():
-            for lb, cb in b.items():
-                n = la + lb
-                if n <= MAX_PATTERN_LENGTH:
-                    out[n] = min(_COUNT_CAP, out.get(n, 0) + ca * cb)
-        return out
-
-    def star(self, pieces: Counts) -> Counts:
-        """Counts of any number of non-empty pieces in a row."""
-        self.spend(MAX_PATTERN_LENGTH * len(pieces))
-        table = [1] + [0] * MAX_PATTERN_LENGTH
-        for n in range(1, MAX_PATTERN_LENGTH + 1):
-            table[n] = min(_COUNT_CAP, sum(c * table[n - m] for m, c in pieces.items() if m <= n))
-        return {n: c for n, c in enumerate(table) if c}
-
-
-def _union(tables: Sequence[Counts]) -> Counts:
-    out: Counts = {}
-    for table in tables:
-        for n, c in table.items():
-            out[n] = min(_COUNT_CAP, out.get(n, 0) + c)
-    return out
-
-
-def _seq(items: Sequence[_Node], budget: _Budget) -> _Node:
-    if len(items) == 1:
-        return items[0]
-    suffixes: list[Counts] = [{0: 1}]
-    for item in reversed(items):
-        suffixes.append(budget.product(item.counts, suffixes[-1]))
-    suffixes.reverse()
-    return _Seq(tuple(items), tuple(suffixes), suffixes[0])
-
-
-def _alt(options: Sequence[_Node]) -> _Node:
-    if len(options) == 1:
-        return options[0]
-    return _Alt(tuple(options), _union([o.counts for o in options]))
-
-
-def _repeat(item: _Node, low: int, high: int | None, budget: _Budget) -> _Node:
-    pieces = {n: c for n, c in item.counts.items() if n > 0}
-    if 0 in item.counts:
-        low = 0  # empty copies add nothing: item{low,high} is item-without-empty{0,high}
-    exact: list[Counts] = [{0: 1}]
-    for _ in range(low):
-        exact.append(budget.product(exact[-1], item.counts))
-        if not exact[-1]:
-            raise PatternError(f"needs strings longer than {MAX_PATTERN_LENGTH} characters")
-    if high is None:
-        optional: list[Counts] = [budget.star(pieces)]
-    else:
-        useful = MAX_PATTERN_LENGTH // min(pieces, default=MAX_PATTERN_LENGTH)  # more copies only overflow
-        optional = [{0: 1}]
-        for _ in range(min(high - low, useful)):
-            optional.append(_union([{0: 1}, budget.product(pieces, optional[-1])]))
-    return _Repeat(item, pieces, tuple(exact), tuple(optional), high is None, budget.product(exact[-1], optional[-1]))
-
-
 # --- parser --------------------------------------------------------------------------
 
 
@@ -228,7 +65,7 @@ class _Parser:
         self.src = source
         self.pos = 0
         self.flags = flags
-        self.budget = _Budget()
+        self.budget = Budget()
 
     def fail(self, what: str) -> PatternError:
         return PatternError(
@@ -238,28 +75,28 @@ class _Parser:
     def peek(self, text: str) -> bool:
         return self.src.startswith(text, self.pos)
 
-    def parse(self) -> _Node:
+    def parse(self) -> Node:
         node = self.alternation()
         if self.pos != len(self.src):  # an unbalanced ')' (re.compile already refused it)
             raise self.fail("an unbalanced ')'")
         return node
 
-    def alternation(self) -> _Node:
+    def alternation(self) -> Node:
         options = [self.sequence()]
         while self.peek("|"):
             self.pos += 1
             options.append(self.sequence())
-        return _alt(options)
+        return alt(options)
 
-    def sequence(self) -> _Node:
-        items: list[_Node] = []
+    def sequence(self) -> Node:
+        items: list[Node] = []
         while self.pos < len(self.src) and not self.peek("|") and not self.peek(")"):
             atom = self.atom()
             if atom is not None:
                 items.append(self.quantified(atom))
-        return _seq(items, self.budget)
+        return seq(items, self.budget)
 
-    def quantified(self, atom: _Node) -> _Node:
+    def quantified(self, atom: Node) -> Node:
         bounds = self.quantifier()
         if bounds is None:
             return atom
@@ -267,9 +104,9 @@ class _Parser:
             raise self.fail("a possessive quantifier")
         if self.peek("?"):
             self.pos += 1  # lazy: the same strings match
-        if isinstance(atom, _Anchor):
+        if isinstance(atom, Anchor):
             raise self.fail("a repeated anchor")
-        return _repeat(atom, bounds[0], bounds[1], self.budget)
+        return repeat(atom, bounds[0], bounds[1], self.budget)
 
     def quantifier(self) -> tuple[int, int | None] | None:
         char = self.src[self.pos] if self.pos < len(self.src) else ""
@@ -286,7 +123,7 @@ class _Parser:
             return low, low
         return low, int(match.group(3)) if match.group(3) else None
 
-    def atom(self) -> _Node | None:
+    def atom(self) -> Node | None:
         char = self.src[self.pos]
         if char == "(":
             return self.group()
@@ -298,10 +135,10 @@ class _Parser:
         if char == ".":
             return _chars(_DOT_ALPHABET)
         if char in "^$":
-            return _Anchor(start=char == "^")
+            return Anchor(start=char == "^")
         return _chars(char)
 
-    def group(self) -> _Node | None:
+    def group(self) -> Node | None:
         self.pos += 1
         saved = self.flags
         if self.peek("?") and not self.extension():
@@ -349,7 +186,7 @@ class _Parser:
         for letter in off:
             self.flags &= ~_GROUP_FLAGS[letter]
 
-    def char_set(self) -> _Node:
+    def char_set(self) -> Node:
         start = self.pos
         self.pos += 1
         if self.peek("^"):
@@ -361,14 +198,14 @@ class _Parser:
         self.pos += 1
         return _chars(_alphabet(self.src[start : self.pos], self.flags))
 
-    def escape(self) -> _Node:
+    def escape(self) -> Node:
         self.pos += 1
         char = self.src[self.pos]
         self.pos += 1
         if char in "dDwWsS":
             return _chars(_alphabet("\\" + char, self.flags))
         if char in "AZ":
-            return _Anchor(start=char == "A")
+            return Anchor(start=char == "A")
         if char in "bB":
             raise self.fail("a word boundary")
         if char in _SIMPLE_ESCAPES:
@@ -384,7 +221,7 @@ class _Parser:
             raise self.fail(f"the escape \\{char}")
         return _chars(char)
 
-    def octal_or_backreference(self, first: str) -> _Node:
+    def octal_or_backreference(self, first: str) -> Node:
         digits = first + _OCTAL.match(self.src, self.pos).group(0)  # type: ignore[union-attr]
         if first != "0" and len(digits) < 3:
             raise self.fail("a backreference")
@@ -392,10 +229,10 @@ class _Parser:
         return _chars(chr(int(digits, 8)))
 
 
-def _chars(alphabet: str) -> _Chars:
+def _chars(alphabet: str) -> Chars:
     if not alphabet:
         raise PatternError("has a character set that matches no character llmsim can produce")
-    return _Chars(alphabet, {1: len(alphabet)})
+    return Chars(alphabet, {1: len(alphabet)})
 
 
 @functools.lru_cache(maxsize=1024)
@@ -422,36 +259,36 @@ def _extra_candidates(atom: str) -> Iterator[str]:
 # --- anchors -------------------------------------------------------------------------
 
 
-def _strip_anchors(node: _Node, budget: _Budget) -> _Node:
+def _strip_anchors(node: Node, budget: Budget) -> Node:
     """Drop anchors at the edges of each top-level alternative; refuse any others."""
-    if isinstance(node, _Alt):
-        return _alt([_strip_edges(option, budget) for option in node.options])
+    if isinstance(node, Alt):
+        return alt([_strip_edges(option, budget) for option in node.options])
     return _strip_edges(node, budget)
 
 
-def _strip_edges(node: _Node, budget: _Budget) -> _Node:
-    items = list(node.items) if isinstance(node, _Seq) else [node]
-    while items and isinstance(items[0], _Anchor) and items[0].start:
+def _strip_edges(node: Node, budget: Budget) -> Node:
+    items = list(node.items) if isinstance(node, Seq) else [node]
+    while items and isinstance(items[0], Anchor) and items[0].start:
         items.pop(0)
-    while items and isinstance(items[-1], _Anchor) and not items[-1].start:
+    while items and isinstance(items[-1], Anchor) and not items[-1].start:
         items.pop()
     for item in items:
         _refuse_anchors(item)
-    return _seq(items, budget)
+    return seq(items, budget)
 
 
-def _refuse_anchors(node: _Node) -> None:
-    if isinstance(node, _Anchor):
+def _refuse_anchors(node: Node) -> None:
+    if isinstance(node, Anchor):
         raise PatternError(
             "uses an anchor (^, $, \\A or \\Z) away from the start or end of the pattern, "
             "which llmsim cannot generate strings for"
         )
-    children: tuple[_Node, ...] = ()
-    if isinstance(node, _Seq):
+    children: tuple[Node, ...] = ()
+    if isinstance(node, Seq):
         children = node.items
-    elif isinstance(node, _Alt):
+    elif isinstance(node, Alt):
         children = node.options
-    elif isinstance(node, _Repeat):
+    elif isinstance(node, Repeat):
         children = (node.item,)
     for child in children:
         _refuse_anchors(child)
@@ -466,7 +303,7 @@ class StringPattern:
 
     source: str
     regex: re.Pattern[str]
-    root: _Node
+    root: Node
 
     def lengths(self, low: int, high: int | None) -> tuple[int, ...]:
         """Lengths in ``[low, high]`` to generate, the short end of what is possible."""
