@@ -33,6 +33,9 @@ import orjson
 
 from llmsim._version import __version__
 from llmsim.api.response_state import (
+    CLOSED_STATES,
+    ENDED_STATES,
+    NOT_STARTED_STATES,
     ResponseEvent,
     ResponseState,
     ResponseStateError,
@@ -41,7 +44,10 @@ from llmsim.api.response_state import (
 )
 
 __all__ = [
+    "CLOSED_STATES",
+    "ENDED_STATES",
     "JSON_HEADERS",
+    "NOT_STARTED_STATES",
     "REASON_PHRASES",
     "VERSION_HEADER",
     "Application",

@@ -32,7 +32,16 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["ResponseEvent", "ResponseState", "ResponseStateError", "ResponseStateFlags", "next_state"]
+__all__ = [
+    "CLOSED_STATES",
+    "ENDED_STATES",
+    "NOT_STARTED_STATES",
+    "ResponseEvent",
+    "ResponseState",
+    "ResponseStateError",
+    "ResponseStateFlags",
+    "next_state",
+]
 
 
 class ResponseState(enum.StrEnum):
@@ -49,17 +58,17 @@ class ResponseState(enum.StrEnum):
     @property
     def started(self) -> bool:
         """``start()`` was called."""
-        return self not in _NOT_STARTED
+        return self not in NOT_STARTED_STATES
 
     @property
     def ended(self) -> bool:
         """``end()`` was called."""
-        return self in _ENDED
+        return self in ENDED_STATES
 
     @property
     def closed(self) -> bool:
         """Nothing more will be sent: the response is complete or the client is gone."""
-        return self in _CLOSED
+        return self in CLOSED_STATES
 
 
 class ResponseEvent(enum.StrEnum):
@@ -82,9 +91,11 @@ _TRANSITIONS: dict[ResponseState, dict[ResponseEvent, ResponseState]] = {
     _S.CLOSED_STREAMING: {_E.WRITE: _S.CLOSED_STREAMING, _E.END: _S.CLOSED_ENDED, _E.CLOSE: _S.CLOSED_STREAMING},
     _S.CLOSED_ENDED: {_E.CLOSE: _S.CLOSED_ENDED},
 }
-_NOT_STARTED = frozenset({_S.IDLE, _S.CLOSED_IDLE})
-_ENDED = frozenset({_S.ENDED, _S.DONE, _S.CLOSED_ENDED})
-_CLOSED = frozenset({_S.DONE, _S.CLOSED_IDLE, _S.CLOSED_STREAMING, _S.CLOSED_ENDED})
+# The states where ``started`` is False, ``ended`` and ``closed`` are True: per-request
+# paths test ``state in ...`` directly (a C-level lookup, not a property call).
+NOT_STARTED_STATES = frozenset({_S.IDLE, _S.CLOSED_IDLE})
+ENDED_STATES = frozenset({_S.ENDED, _S.DONE, _S.CLOSED_ENDED})
+CLOSED_STATES = frozenset({_S.DONE, _S.CLOSED_IDLE, _S.CLOSED_STREAMING, _S.CLOSED_ENDED})
 
 #: Why an event is refused, by event: the hint that follows the state in the error.
 _HINTS = {

@@ -20,7 +20,7 @@ import h2.exceptions
 import trio
 from h2.errors import ErrorCodes
 
-from llmsim.api.http import ResponseState
+from llmsim.api.http import ENDED_STATES, ResponseState
 from llmsim.protocol.native.base import Transport
 from llmsim.protocol.native.h2_fastpath import (
     ServerConnection,
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 __all__ = ["Http2Output"]
 
 _STREAMING = ResponseState.STREAMING
-_ENDED_STATES = frozenset(state for state in ResponseState if state.ended)  # (a set: no property call)
 
 
 class Http2Output:
@@ -170,7 +169,7 @@ class Http2Output:
         send them); return whether they ended the stream."""
         h2conn = self._h2
         status, headers = stream.take_head()
-        end = stream.state in _ENDED_STATES and not stream.buffered and not stream.trailers
+        end = stream.state in ENDED_STATES and not stream.buffered and not stream.trailers
         h2stream = sendable_stream(h2conn, stream.stream_id)
         if h2stream is None or (b"%d" % status).startswith(b"1"):  # 1xx: h2's informational path
             fields = response_headers(status, headers)

@@ -22,7 +22,7 @@ import trio
 from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 
-from llmsim.api.http import HttpRequest, ResponseEvent, ResponseState, next_state
+from llmsim.api.http import CLOSED_STATES, NOT_STARTED_STATES, HttpRequest, ResponseEvent, ResponseState, next_state
 from llmsim.protocol.native import h2_faults
 from llmsim.protocol.native.base import HandlerPhase, Transport
 from llmsim.protocol.native.frames import goaway_frame
@@ -47,10 +47,6 @@ log = logging.getLogger("llmsim.protocol")
 UPGRADE_ERRORS = (ValueError, h2.exceptions.ProtocolError)
 _OPEN, _CLOSING, _FINISHED = HandlerPhase.OPEN, HandlerPhase.CLOSING, HandlerPhase.FINISHED
 _STREAMING = ResponseState.STREAMING
-# ResponseState's ``started`` and ``closed`` as sets (a C-level ``in``, not a property
-# call) for the per-request checks.
-_UNSTARTED = frozenset(state for state in ResponseState if not state.started)
-_CLOSED_STATES = frozenset(state for state in ResponseState if state.closed)
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -224,7 +220,7 @@ class Http2Handler(Http2Output):
         assert sid is not None and event.flow_controlled_length is not None and event.data is not None
         self._h2.acknowledge_received_data(event.flow_controlled_length, sid)
         stream = self._streams.get(sid)
-        if stream is None or stream.state not in _UNSTARTED:
+        if stream is None or stream.state not in NOT_STARTED_STATES:
             return  # refused, or already answered
         stream.body.append(event.data)
         stream.body_size += len(event.data)
@@ -239,7 +235,7 @@ class Http2Handler(Http2Output):
         if stream is None:
             return
         stream.reset_when_done = False
-        if stream.state in _UNSTARTED:
+        if stream.state in NOT_STARTED_STATES:
             self._start_handler(stream)
 
     def _on_stream_reset(self, event: h2.events.StreamReset) -> None:
@@ -335,7 +331,7 @@ class Http2Handler(Http2Output):
         transport = self._t
         spawn, app, faults = transport.spawn, transport.app, transport.settings.faults
         for stream, request in starting:
-            if stream.state not in _CLOSED_STATES:
+            if stream.state not in CLOSED_STATES:
                 spawn(run_handler, app, request, stream, faults)
 
     def _refuse_body(self, stream: Http2Stream) -> None:
