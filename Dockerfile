@@ -13,7 +13,14 @@ FROM python:${PYTHON_VERSION}-slim AS build
 # Extras of pyproject.toml to install beside llmsim, comma-separated; none by default.
 ARG EXTRAS=""
 WORKDIR /src
-COPY pyproject.toml README.md ./
+# gcc for llmsim._speedups, the compiled per-token path (setup.py, native/); the
+# final stage takes only the built venv.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install --yes --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+COPY pyproject.toml setup.py README.md ./
+COPY native ./native
 COPY llmsim ./llmsim
 RUN python -m venv /opt/llmsim \
     && /opt/llmsim/bin/pip install --no-cache-dir --no-compile ".${EXTRAS:+[$EXTRAS]}" \

@@ -7,7 +7,8 @@ ARGS ?=
 
 .PHONY: run test lint bench tools image clean
 
-$(VENV)/.installed: pyproject.toml
+# setup.py and native/: the compiled per-token path (llmsim._speedups), built in place.
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard native/*.c native/*.h)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e .
@@ -38,8 +39,15 @@ tools:
 run: $(VENV)/.installed
 	$(VENV)/bin/llmsim serve $(ARGS)
 
+# The per-token path has compiled twins (llmsim/speedups.py), on by default: the tests
+# that drive that path run once more on the pure-Python path (LLMSIM_PURE=1).
+PURE_TESTS := tests/engine tests/api/test_seeded_golden.py tests/api/chat/test_stream.py \
+	tests/protocol/native/test_http2.py tests/protocol/native/test_http1_token_write.py \
+	tests/protocol/native/test_fastpath_handlers.py
+
 test: $(VENV)/.installed-test tools
 	$(PY) -m pytest -q $(ARGS)
+	$(if $(ARGS),,LLMSIM_PURE=1 $(PY) -m pytest -q -p no:cacheprovider $(PURE_TESTS))
 
 # ruff (rules in pyproject.toml), formatting, mypy --strict on llmsim/, and the import
 # contracts between the layers (lint-imports reads [tool.importlinter] in pyproject.toml).
@@ -57,4 +65,4 @@ image:
 	docker build -t llmsim:dev .
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache llmsim/_speedups.*.so

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import itertools
 import time
 from collections.abc import Awaitable, Callable
@@ -74,6 +75,7 @@ class Connection:
     handler: Any = None
     dirty: bool = False
     sent: int = 0
+    digest: Any = None  # a hashlib object fed every byte sent (run_once's ``digest``), or None
 
     def wake(self) -> None:
         if not self.dirty:
@@ -82,7 +84,10 @@ class Connection:
 
     def flush(self) -> None:
         self.dirty = False
-        self.sent += len(self.handler.outgoing())
+        data = self.handler.outgoing()
+        self.sent += len(data)
+        if self.digest is not None:
+            self.digest.update(data)
         self.handler.flushed()
 
 
@@ -121,11 +126,22 @@ def h1_request(max_tokens: int) -> bytes:
 
 
 def run_once(
-    protocol: str, streams: int, connections: int, max_tokens: int, requests: int, *, isolate: bool = False
-) -> dict[str, float]:
+    protocol: str,
+    streams: int,
+    connections: int,
+    max_tokens: int,
+    requests: int,
+    *,
+    isolate: bool = False,
+    digest: bool = False,
+) -> dict[str, Any]:
     """One run: CPU seconds per generated token and per request.  ``isolate``: each
-    engine step and each flush runs inside ``itertools.dropwhile`` (see ``--callgrind``)."""
+    engine step and each flush runs inside ``itertools.dropwhile`` (see ``--callgrind``).
+    ``digest``: a seeded simulator with a fixed wall clock, and ``result["digest"]`` the SHA-256 of every
+    connection's output in turn: the same bytes whichever code path made them
+    (tests/test_speedups.py compares the compiled twins with the pure path by it)."""
     config = Config(
+        seed=7 if digest else None,
         port=0,
         model="bench-model",
         time_to_first_token=TTFT,
@@ -145,6 +161,8 @@ def run_once(
 
     async def main() -> None:
         sim = Simulator(config)
+        if digest:
+            sim.ctx.wall_clock = lambda: 1_700_000_000.0  # "created": the same second in every run
         settings = ProtocolSettings.from_options(config.server, limits=config.limits)
         pending: list[Connection] = []
 
@@ -168,6 +186,7 @@ def run_once(
             links: list[Connection] = []
             for preface, _ in prepared:
                 connection = Connection(FakeTransport(sim.app, spawn, settings=settings), pending)
+                connection.digest = hashlib.sha256() if digest else None
                 connection.transport.wake = connection.wake
                 transport = connection.transport
                 connection.handler = Http2Handler(transport) if protocol == "h2" else Http1Handler(transport)
@@ -194,6 +213,8 @@ def run_once(
                 requests=stats.finished,
                 bytes=sum(link.sent for link in links),
             )
+            if digest:
+                result["digest"] = hashlib.sha256(b"".join(link.digest.digest() for link in links)).hexdigest()
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

@@ -37,13 +37,15 @@ from llmsim.api.errors import ApiError
 from llmsim.api.http import Headers, ResponseStream
 from llmsim.api.plan import GenerationPlan
 from llmsim.api.request_fields import check_n_limit
-from llmsim.api.sse import SSE_HEADERS, PlainTokens, escape, escaped_piece
+from llmsim.api.sse import SSE_HEADERS, PlainTokens, _escaped, escape, escaped_piece
 from llmsim.engine.errors import QueueFullError, QueueLimit
 from llmsim.engine.job import Job, JobSink, JobState, RequestGroup
 from llmsim.engine.scheduler import Engine
 from llmsim.model.logprobs import MAX_SIMULATED_LOGPROBS
+from llmsim.speedups import NATIVE
 
 __all__ = [
+    "PURE_ON_OUTPUT",
     "QUEUE_OVERFLOW_MESSAGE",
     "WAITING_QUEUE_FULL_MESSAGE",
     "CollectingSink",
@@ -235,8 +237,22 @@ class StreamingSink:
 
     The per-token case (one token in the middle of a choice, on a renderer with
     :class:`~llmsim.api.sse.PlainTokens`) is built here, without a call into the
-    renderer: exactly the bytes its ``render`` would return.
+    renderer: exactly the bytes its ``render`` would return.  That case has a C twin
+    (native/sink.c, installed below): hence the ``__slots__``, which it reads by offset.
     """
+
+    __slots__ = (
+        "_ended",
+        "_finished",
+        "_job_count",
+        "_paused",
+        "_renderer",
+        "_response",
+        "_resume",
+        "_token_close",
+        "_token_opens",
+        "done",
+    )
 
     def __init__(
         self,
@@ -278,11 +294,15 @@ class StreamingSink:
                 return True
             self._pause(job)
             return False
-        except Exception:
-            # Never let a rendering bug escape into the engine task: it serves everyone.
-            log.exception("rendering the stream of %r failed", job)
-            self.fail(ApiError(500, "Internal server error"))
+        except Exception as error:
+            self._rendering_failed(job, error)
             return True
+
+    def _rendering_failed(self, job: Job, error: Exception) -> None:
+        """Never let a rendering bug escape into the engine task: it serves everyone.
+        (A method of its own: the C twin calls it with the exception it caught.)"""
+        log.error("rendering the stream of %r failed", job, exc_info=error)
+        self.fail(ApiError(500, "Internal server error"))
 
     def fail(self, error: ApiError) -> None:
         """End the stream with the renderer's in-band error event (its 200 is long sent)."""
@@ -317,6 +337,13 @@ class StreamingSink:
         for job in paused:
             if not job.done:
                 self._resume(job)
+
+
+#: The pure-Python ``StreamingSink.on_output``: the reference for its C twin
+#: (native/sink.c), which takes the token case and hands every other call to this.
+PURE_ON_OUTPUT = StreamingSink.on_output
+if NATIVE is not None:
+    NATIVE.install_streaming_sink(StreamingSink, Job, _DECODING, _escaped, escape, PURE_ON_OUTPUT)
 
 
 class SubmittedJobs:

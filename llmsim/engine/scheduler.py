@@ -45,13 +45,14 @@ from llmsim.engine.job import ENDED, Job, JobState
 from llmsim.engine.kv_cache import BlockPool
 from llmsim.engine.latency import LatencyModel
 from llmsim.engine.metrics import EngineMetrics
+from llmsim.engine.native_run import install_run
 from llmsim.engine.pause import ABORT, PauseState, end, shift_deadlines
 from llmsim.engine.prefill import ChunkedPrefill
 from llmsim.engine.statistics import LATE_STEP_THRESHOLD, EngineStatistics
 from llmsim.engine.timetable import READY, Timetable, is_live
 from llmsim.options import EngineOptions, LatencyOptions
 
-__all__ = ["CACHE_THRESHOLD", "MAX_TOKENS_PER_STEP", "Engine"]
+__all__ = ["CACHE_THRESHOLD", "MAX_TOKENS_PER_STEP", "PURE_RUN", "Engine"]
 
 #: Most tokens one job receives in one step when it is catching up.
 MAX_TOKENS_PER_STEP = 16
@@ -493,3 +494,7 @@ class Engine(Admission, Timetable):
             self._late_steps += 1
         if lateness > self._max_lateness:
             self._max_lateness = lateness
+
+
+#: The pure ``Engine._run``, the reference: its C twin replaces it where built (native_run.py).
+PURE_RUN = install_run(Engine)

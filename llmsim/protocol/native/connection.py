@@ -33,8 +33,9 @@ from llmsim.protocol.native.detect import RECEIVE_SIZE, PrefixedStream, Wire, re
 from llmsim.protocol.native.http1 import Http1Handler
 from llmsim.protocol.native.http2 import Http2Handler
 from llmsim.protocol.settings import ConnectionTracker, ProtocolSettings
+from llmsim.speedups import NATIVE
 
-__all__ = ["Connection", "ConnectionPhase", "WriteCoalescer"]
+__all__ = ["PURE_WAKE_WRITER", "Connection", "ConnectionPhase", "WriteCoalescer"]
 
 log = logging.getLogger("llmsim.protocol")
 
@@ -423,3 +424,10 @@ class Connection:
                 except _NETWORK_ERRORS:
                     return
             await self._reader_done.wait()
+
+
+#: The pure ``Connection.wake_writer``, the reference: its C twin replaces it where built
+#: (native/wake.c: the wake-up the write coalescer holds, taken without a Python call).
+PURE_WAKE_WRITER = Connection.wake_writer
+if NATIVE is not None:
+    NATIVE.install_wake_writer(Connection, WriteCoalescer, PURE_WAKE_WRITER)

@@ -47,6 +47,10 @@ class Http2Output:
     """The output path of an HTTP/2 connection; :class:`~.http2.Http2Handler` sets the
     state below in its ``__init__`` and provides the stream-table hooks."""
 
+    # Slots (here and in the handler): the compiled write (native/h2_write.c) reads
+    # ``_batch``, ``_t``, ``_frames`` and ``_h2`` by offset, a load instead of a lookup.
+    __slots__ = ("_batch", "_frames", "_guard", "_h2", "_ready", "_sent", "_stalled", "_streams", "_t")
+
     _h2: ServerConnection
     _t: Transport
     _guard: FrameGuard

@@ -16,14 +16,15 @@ import attrs
 import h11
 import trio
 
-from llmsim.api.http import Headers, HttpRequest, ResponseState, reason_phrase
+from llmsim.api.http import HttpRequest, ResponseState, reason_phrase
 from llmsim.protocol.native.base import HandlerPhase, Transport
 from llmsim.protocol.native.frames import chunk, h11_sends_chunked, last_chunk
-from llmsim.protocol.native.http1_fastpath import SIZE_LINES, chunked_head, parse_whole_request
+from llmsim.protocol.native.http1_fastpath import chunked_head, parse_whole_request
 from llmsim.protocol.native.http2 import UPGRADE_ERRORS, Http2Handler
-from llmsim.protocol.native.stream import OutboundStream, content_length, run_handler, split_target
+from llmsim.protocol.native.native_h1 import Http1Response, install_write
+from llmsim.protocol.native.stream import content_length, run_handler, split_target
 
-__all__ = ["Http1Handler", "Http1Response"]
+__all__ = ["PURE_WRITE", "Http1Handler", "Http1Response"]
 
 log = logging.getLogger("llmsim.protocol")
 
@@ -32,50 +33,33 @@ _CLOSE = (b"connection", b"close")
 _SWITCHING_TO_H2C = b"HTTP/1.1 101 Switching Protocols\r\nconnection: Upgrade\r\nupgrade: h2c\r\n\r\n"
 _STREAMING = ResponseState.STREAMING
 _OPEN, _CLOSING, _FINISHED = HandlerPhase.OPEN, HandlerPhase.CLOSING, HandlerPhase.FINISHED
-_TABLED, _CRLF, _join, _LAST_CHUNK = len(SIZE_LINES), b"\r\n", b"".join, last_chunk()
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Http1Response(OutboundStream):
-    """The response in flight on an HTTP/1.1 connection, and how it is being framed."""
-
-    host: Http1Handler
-    chunked: bool = attrs.field(default=False, init=False)  # h11 chose chunked framing: chunks are made here
-    end_sent: bool = attrs.field(default=False, init=False)  # EndOfMessage is in the last batch
-    # h11 has not seen the request (.http1_fastpath): the head and the end are written
-    # here too, or h11 is brought up to date first (Http1Handler._catch_up).
-    bypassed: bool = attrs.field(default=False, init=False)
-
-    def write(self, data: bytes) -> bool:
-        """The per-token case goes straight into the connection's next batch as one
-        chunk: the head is out, nothing of the body waits, the batch is empty, the
-        connection's earlier output is on the wire (not ``congested``) and the piece is
-        below the low-water mark (so backpressure is as before: a client that does not
-        read congests the connection, and later writes buffer up to the high-water
-        mark).  A second write before the batch leaves takes that chunk back into the
-        buffer first, so one step's writes still leave as one chunk.  The chunk is
-        :func:`.frames.chunk`'s, with its size line from a table (not formatted)."""
-        if self.chunked and self.state is _STREAMING and not self.buffered and self.frame_at_once:
-            host = self.host
-            if not host._out:
-                size = len(data)
-                if 0 < size < self.low_water and not host._t.congested:
-                    host._out.append(_join((SIZE_LINES[size], data, _CRLF)) if size < _TABLED else chunk(data))
-                    host._framed = data
-                    host._t.wake_writer()
-                    return True
-            else:
-                host.take_back(self)
-        return super().write(data)
-
-    def end(self, data: bytes = b"", trailers: Headers = ()) -> None:
-        if data and self.state is _STREAMING:
-            self.host.take_back(self)  # (the same chunk as a write before it, as before)
-        super().end(data, trailers)
+_LAST_CHUNK = last_chunk()
 
 
 class Http1Handler:
     """The HTTP/1.1 side of one connection."""
+
+    # (Slots: the C write, native/h1_write.c, reads _out, _t and _framed by offset.)
+    __slots__ = (
+        "_body",
+        "_body_deadline",
+        "_body_size",
+        "_framed",
+        "_fresh",
+        "_h11",
+        "_head_deadline",
+        "_held",
+        "_idle_deadline",
+        "_out",
+        "_phase",
+        "_pipelined",
+        "_raw",
+        "_received_at",
+        "_request",
+        "_response",
+        "_t",
+        "finished",
+    )
 
     def __init__(self, transport: Transport) -> None:
         self._t = transport
@@ -463,6 +447,10 @@ class Http1Handler:
         self._phase, self.finished = _FINISHED, True
         self._t.resume_reading()  # so that the close can drain what the client still sends
         self._t.wake_writer()
+
+
+#: The pure-Python Http1Response.write: the reference, kept when the C twin is installed over it (.native_h1).
+PURE_WRITE = install_write(Http1Handler)
 
 
 def _http_request(head: h11.Request, body: bytes, scheme: str, received_at: float) -> HttpRequest:

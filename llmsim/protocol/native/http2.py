@@ -1,8 +1,8 @@
 """HTTP/2 on h2: streams, flow control, refusal beyond the stream limit, GOAWAY.
 
-Each stream is one :class:`Http2Stream` (request head and body while it arrives, then
-the response buffer, window state and handler scope), kept in one dict and dropped on
-end, reset and connection loss alike.  Writes only queue the stream; the sending half
+Each stream is one :class:`.h2_stream.Http2Stream` (request head and body while it
+arrives, then the response buffer, window state and handler scope), kept in one dict and
+dropped on end, reset and connection loss alike.  Writes only queue the stream; the sending half
 (:meth:`Http2Handler.outgoing`, one batch of frames per step) is the base class
 :class:`.h2_output.Http2Output`.
 """
@@ -15,31 +15,27 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import attrs
 import h2.events
 import h2.exceptions
 import trio
+from h2.connection import ConnectionState
 from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
+from h2.stream import StreamState
 
 from llmsim.api.http import CLOSED_STATES, NOT_STARTED_STATES, HttpRequest, ResponseEvent, ResponseState, next_state
 from llmsim.protocol.native import h2_faults
 from llmsim.protocol.native.base import HandlerPhase, Transport
 from llmsim.protocol.native.frames import goaway_frame
-from llmsim.protocol.native.h2_fastpath import (
-    H2Stream,
-    ServerConnection,
-    last_stream_id,
-    send_data_now,
-    sendable_stream,
-    server_connection,
-)
+from llmsim.protocol.native.h2_fastpath import ServerConnection, last_stream_id, sendable_stream, server_connection
 from llmsim.protocol.native.h2_guard import FrameGuard, StreamClock
 from llmsim.protocol.native.h2_headers import request_head, response_headers, with_body
 from llmsim.protocol.native.h2_output import Http2Output
-from llmsim.protocol.native.stream import OutboundStream, content_length, run_handler
+from llmsim.protocol.native.h2_stream import Http2Stream
+from llmsim.protocol.native.stream import content_length, run_handler
+from llmsim.speedups import NATIVE
 
-__all__ = ["UPGRADE_ERRORS", "Http2Handler", "Http2Stream"]
+__all__ = ["PURE_WRITE", "UPGRADE_ERRORS", "Http2Handler", "Http2Stream"]
 
 log = logging.getLogger("llmsim.protocol")
 
@@ -49,54 +45,21 @@ _OPEN, _CLOSING, _FINISHED = HandlerPhase.OPEN, HandlerPhase.CLOSING, HandlerPha
 _STREAMING = ResponseState.STREAMING
 
 
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Http2Stream(OutboundStream):
-    """One HTTP/2 stream: the request while it arrives, then its response."""
-
-    host: Http2Handler
-    request: HttpRequest | None = None  # the head, until the body is complete
-    body: list[bytes] = attrs.field(factory=list, init=False)
-    body_size: int = attrs.field(default=0, init=False)
-    blocked: bool = attrs.field(default=False, init=False)  # bytes pending, the stream's window exhausted
-    reset_when_done: bool = attrs.field(default=False, init=False)  # answered before the request ended
-    h2stream: H2Stream | None = attrs.field(default=None, init=False)  # h2's, once the head is sent
-    # While the request arrives, when its body must be complete; while the response is
-    # stalled on the client's flow-control window, when it is given up (h2_guard.StreamClock).
-    deadline: float = attrs.field(default=math.inf, init=False)
-    received_at: float = attrs.field(default=0.0, init=False)  # the read that held its HEADERS
-    # Bytes framed at once (write) into the handler's batch number ``framed_batch``.
-    framed: int = attrs.field(default=0, init=False)
-    framed_batch: int = attrs.field(default=-1, init=False)
-
-    def write(self, data: bytes) -> bool:
-        """The per-token case goes straight into the connection's next batch as one DATA
-        frame (:func:`~.h2_fastpath.send_data_now`): the head is sent, nothing of the
-        body waits, the connection's earlier output is on the wire (not ``congested``),
-        the frame fits both windows, and with it the stream has framed less than the
-        low-water mark into this batch.  So backpressure is as before: a client that does
-        not read congests the connection, a producer that writes much between two
-        batches goes past the low-water mark, and from there writes buffer on the
-        stream up to the high-water mark.  Anything else buffers and queues the stream
-        for :meth:`Http2Output.outgoing`, as on every other backend."""
-        h2stream = self.h2stream
-        size = len(data)
-        if h2stream is not None and size and self.state is _STREAMING and not (self.buffered or self.queued):
-            host = self.host
-            batch = host._batch
-            framed = (self.framed if self.framed_batch == batch else 0) + size
-            if framed < self.low_water and self.frame_at_once and not host._t.congested and not self.head_only:
-                frames = host._frames
-                first = not frames
-                if send_data_now(frames, host._h2, h2stream, data):
-                    self.framed, self.framed_batch = framed, batch
-                    if first:
-                        host._t.wake_writer()
-                    return True
-        return super().write(data)
-
-
 class Http2Handler(Http2Output):
     """The HTTP/2 side of one connection (prior knowledge, ALPN ``h2`` or ``h2c`` upgrade)."""
+
+    # (Slots, as Http2Output's: see there.)
+    __slots__ = (
+        "_body_bytes",
+        "_dispatch",
+        "_idle_deadline",
+        "_phase",
+        "_read_at",
+        "_receiving",
+        "_refused",
+        "_starting",
+        "_stream_errors",
+    )
 
     def __init__(self, transport: Transport, *, preamble: bytes = b"", upgrade_settings: bytes | None = None) -> None:
         """``preamble``: bytes to send before the server preface (the ``101`` response).
@@ -492,3 +455,12 @@ class Http2Handler(Http2Output):
         if not self._streams:
             self._phase = _FINISHED
         self._t.wake_writer()
+
+
+#: The pure-Python write, the reference: with llmsim.speedups.NATIVE, ``Http2Stream.write``
+#: is its C twin (native/h2_write.c), which takes the per-token case and hands this the rest.
+PURE_WRITE = Http2Stream.write
+_install = getattr(NATIVE, "install_http2_write", None)  # (None too: a module built before this twin)
+if _install is not None:
+    _STATES = StreamState.OPEN, StreamState.HALF_CLOSED_REMOTE, ConnectionState.SERVER_OPEN
+    _install(Http2Stream, Http2Handler, PURE_WRITE, _STREAMING, *_STATES)

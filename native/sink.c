@@ -1,0 +1,336 @@
+/* The C twin of StreamingSink.on_output (llmsim/api/generation.py): the sink every
+ * streaming response's jobs report their tokens to, once per job and engine step.
+ *
+ * Taken in C: the token case, one token in the middle of a choice (start > 0,
+ * stop == start + 1, job.state is JobState.DECODING) on a renderer with sse.PlainTokens.
+ * The event opens[job.index] + escape(piece) + close is built in one allocation and
+ * written with self._response.write(data) (any ResponseStream, Python or C); on False,
+ * self._pause(job) (Python) and False.  Fields are read by slot offset: StreamingSink
+ * has __slots__ and Job is attrs-slotted.  The escaped piece comes from sse's cache, the
+ * dict behind sse.escaped_piece; on a miss sse.escape(text) is called (it fills the
+ * cache), as the Python twin does.
+ *
+ * Handed to Python: every other call (the first or last token of a choice, several
+ * tokens, an ended sink, an unexpected type, an unset field, keyword arguments) goes to
+ * the pure twin, generation.PURE_ON_OUTPUT, before anything observable happened.  An
+ * Exception raised once the event is being built (escape, write, its truth value,
+ * _pause) is handled as the twin's `except Exception as error:` handles it:
+ * self._rendering_failed(job, error) logs it and fails the stream, then True.
+ * Any other BaseException (KeyboardInterrupt, trio.Cancelled) propagates.
+ */
+#include "speedups.h"
+
+/* What install_streaming_sink was given (strong references, kept for the process). */
+static PyTypeObject *sink_type;
+static PyTypeObject *job_type;
+static PyObject *decoding;       /* JobState.DECODING */
+static PyObject *escaped_cache;  /* sse._escaped: str -> bytes */
+static PyObject *escape_func;    /* sse.escape */
+static PyObject *pure_on_output; /* generation.PURE_ON_OUTPUT */
+
+static Py_ssize_t ended_offset, opens_offset, close_offset, response_offset; /* StreamingSink */
+static Py_ssize_t state_offset, output_offset, index_offset;                 /* Job */
+
+static PyObject *write_name, *pause_name, *rendering_failed_name; /* interned */
+
+#define METHOD_ARGS(n) ((n) | PY_VECTORCALL_ARGUMENTS_OFFSET)
+
+/* An exact int that fits a Py_ssize_t, or -1 (also for a negative one). */
+static Py_ssize_t
+small_index(PyObject *obj)
+{
+    if (!PyLong_CheckExact(obj)) {
+        return -1;
+    }
+    Py_ssize_t value = PyLong_AsSsize_t(obj);
+    if (value == -1 && PyErr_Occurred()) {
+        PyErr_Clear(); /* too big: the pure twin decides */
+    }
+    return value < 0 ? -1 : value;
+}
+
+/* items[index] of an exact list or tuple, borrowed; NULL when not one or out of range. */
+static PyObject *
+sequence_item(PyObject *items, Py_ssize_t index)
+{
+    if (index < 0) {
+        return NULL;
+    }
+    if (PyTuple_CheckExact(items)) {
+        return index < PyTuple_GET_SIZE(items) ? PyTuple_GET_ITEM(items, index) : NULL;
+    }
+    if (PyList_CheckExact(items)) {
+        return index < PyList_GET_SIZE(items) ? PyList_GET_ITEM(items, index) : NULL;
+    }
+    return NULL;
+}
+
+/* The parts of a middle token's event (borrowed references). */
+typedef struct {
+    PyObject *open;     /* self._token_opens[job.index] */
+    PyObject *text;     /* job.output[start] */
+    PyObject *close;    /* self._token_close */
+    PyObject *response; /* self._response */
+} token_parts;
+
+/* generation.py StreamingSink.on_output: `if opens is not None and start and
+ * stop - start == 1 and job.state is _DECODING:`, and every field the branch reads, of
+ * the types the C path takes.  1 with ``parts`` filled, or 0: the pure twin's call.
+ * Nothing here can raise or run Python code. */
+static int
+token_case(PyObject *self, PyObject *job, PyObject *start, PyObject *stop, token_parts *parts)
+{
+    PyObject *opens = LLMSIM_SLOT(self, opens_offset);
+    if (opens == NULL || opens == Py_None || !Py_IS_TYPE(job, job_type)) {
+        return 0;
+    }
+    Py_ssize_t first = small_index(start);
+    if (first <= 0 || first == PY_SSIZE_T_MAX || small_index(stop) != first + 1) {
+        return 0;
+    }
+    PyObject *state = LLMSIM_SLOT(job, state_offset);
+    PyObject *output = LLMSIM_SLOT(job, output_offset);
+    PyObject *index = LLMSIM_SLOT(job, index_offset);
+    if (state != decoding || output == NULL || index == NULL) {
+        return 0;
+    }
+    parts->text = sequence_item(output, first);
+    parts->open = sequence_item(opens, small_index(index));
+    parts->close = LLMSIM_SLOT(self, close_offset);
+    parts->response = LLMSIM_SLOT(self, response_offset);
+    return parts->text != NULL && PyUnicode_CheckExact(parts->text) && parts->open != NULL &&
+           PyBytes_CheckExact(parts->open) && parts->close != NULL && PyBytes_CheckExact(parts->close) &&
+           parts->response != NULL;
+}
+
+/* open + escaped + close, three bytes objects, in one allocation. */
+static PyObject *
+concat3(PyObject *open, PyObject *escaped, PyObject *close)
+{
+    Py_ssize_t n1 = PyBytes_GET_SIZE(open), n2 = PyBytes_GET_SIZE(escaped), n3 = PyBytes_GET_SIZE(close);
+    PyObject *data = PyBytes_FromStringAndSize(NULL, n1 + n2 + n3);
+    if (data == NULL) {
+        return NULL;
+    }
+    char *out = PyBytes_AS_STRING(data);
+    memcpy(out, PyBytes_AS_STRING(open), (size_t)n1);
+    memcpy(out + n1, PyBytes_AS_STRING(escaped), (size_t)n2);
+    memcpy(out + n1 + n2, PyBytes_AS_STRING(close), (size_t)n3);
+    return data;
+}
+
+/* open + escaped + close with Python's `+`: an escape that is not exact bytes. */
+static PyObject *
+concat3_generic(PyObject *open, PyObject *escaped, PyObject *close)
+{
+    PyObject *head = PyNumber_Add(open, escaped);
+    if (head == NULL) {
+        return NULL;
+    }
+    PyObject *data = PyNumber_Add(head, close);
+    Py_DECREF(head);
+    return data;
+}
+
+/* generation.py StreamingSink.on_output: `escaped = escaped_piece(text)` and
+ * `data = opens[job.index] + (escaped if escaped is not None else escape(text)) +
+ * self._token_close`.  A new reference, or NULL with an exception. */
+static PyObject *
+token_event(token_parts *parts)
+{
+    PyObject *escaped = PyDict_GetItemWithError(escaped_cache, parts->text);
+    if (escaped != NULL && escaped != Py_None) {
+        Py_INCREF(escaped);
+    }
+    else if (PyErr_Occurred()) {
+        return NULL;
+    }
+    else {
+        /* a miss; sse.escape touches neither the sink nor the job: the parts stay valid */
+        escaped = PyObject_CallOneArg(escape_func, parts->text);
+        if (escaped == NULL) {
+            return NULL;
+        }
+    }
+    PyObject *data = PyBytes_CheckExact(escaped) ? concat3(parts->open, escaped, parts->close)
+                                                 : concat3_generic(parts->open, escaped, parts->close);
+    Py_DECREF(escaped);
+    return data;
+}
+
+/* generation.py StreamingSink.on_output's `except Exception:` for an exception raised
+ * in the C path: self._rendering_failed(job, error) logs it and fails the stream, then
+ * True.  An exception raised by that call gets the first as its context, as raising
+ * inside an `except` block does.  Any other BaseException propagates (NULL). */
+static PyObject *
+rendering_failed(PyObject *self, PyObject *job)
+{
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+        return NULL;
+    }
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    if (traceback != NULL) {
+        PyException_SetTraceback(value, traceback); /* the log shows where it was raised */
+    }
+    PyObject *args[3] = {self, job, value};
+    PyObject *result = PyObject_VectorcallMethod(rendering_failed_name, args, METHOD_ARGS(3), NULL);
+    if (result == NULL) {
+        PyObject *raised_type, *raised, *raised_traceback;
+        PyErr_Fetch(&raised_type, &raised, &raised_traceback);
+        PyErr_NormalizeException(&raised_type, &raised, &raised_traceback);
+        if (raised != value) {
+            PyException_SetContext(raised, Py_NewRef(value)); /* steals the new reference */
+        }
+        PyErr_Restore(raised_type, raised, raised_traceback);
+    }
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(traceback);
+    if (result == NULL) {
+        return NULL;
+    }
+    Py_DECREF(result);
+    Py_RETURN_TRUE;
+}
+
+/* generation.py StreamingSink.on_output's token case after the event is built:
+ * `if self._response.write(data): return True`, else `self._pause(job); return False`. */
+static PyObject *
+write_token(PyObject *self, PyObject *job, PyObject *response, PyObject *data)
+{
+    Py_INCREF(response); /* a C write relies on its caller to hold it */
+    PyObject *write_args[2] = {response, data};
+    PyObject *written = PyObject_VectorcallMethod(write_name, write_args, METHOD_ARGS(2), NULL);
+    Py_DECREF(response);
+    if (written == NULL) {
+        return rendering_failed(self, job);
+    }
+    int accepted = written == Py_True ? 1 : written == Py_False ? 0 : PyObject_IsTrue(written);
+    Py_DECREF(written);
+    if (accepted < 0) {
+        return rendering_failed(self, job);
+    }
+    if (accepted) {
+        Py_RETURN_TRUE;
+    }
+    PyObject *pause_args[2] = {self, job};
+    PyObject *paused = PyObject_VectorcallMethod(pause_name, pause_args, METHOD_ARGS(2), NULL);
+    if (paused == NULL) {
+        return rendering_failed(self, job);
+    }
+    Py_DECREF(paused);
+    Py_RETURN_FALSE;
+}
+
+/* StreamingSink.on_output(self, job, start, stop, now) -> bool (generation.py). */
+static PyObject *
+sink_on_output(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    if (nargs != 4 || kwnames != NULL || !Py_IS_TYPE(self, sink_type)) {
+        return llmsim_call_with_self(pure_on_output, self, args, nargs, kwnames);
+    }
+    PyObject *ended = LLMSIM_SLOT(self, ended_offset);
+    if (ended == Py_True) {
+        Py_RETURN_TRUE; /* `if self._ended: return True` */
+    }
+    token_parts parts;
+    if (ended != Py_False || !token_case(self, args[0], args[1], args[2], &parts)) {
+        return llmsim_call_with_self(pure_on_output, self, args, nargs, kwnames);
+    }
+    PyObject *data = token_event(&parts);
+    if (data == NULL) {
+        return rendering_failed(self, args[0]);
+    }
+    PyObject *result = write_token(self, args[0], parts.response, data);
+    Py_DECREF(data);
+    return result;
+}
+
+static PyMethodDef on_output_def = {
+    "on_output",
+    (PyCFunction)(void (*)(void))sink_on_output,
+    METH_FASTCALL | METH_KEYWORDS,
+    "StreamingSink.on_output, compiled (native/sink.c); generation.PURE_ON_OUTPUT is the reference.",
+};
+
+/* A strong reference to ``obj`` in ``*field`` (replacing an earlier install's). */
+static void
+keep(PyObject **field, PyObject *obj)
+{
+    Py_INCREF(obj);
+    Py_XSETREF(*field, obj);
+}
+
+/* The slot offsets the C path reads; 0, or -1 with an exception (then none is changed). */
+static int
+find_offsets(PyObject *sink_cls, PyObject *job_cls)
+{
+    static const char *const sink_fields[] = {"_ended", "_token_opens", "_token_close", "_response"};
+    static const char *const job_fields[] = {"state", "output", "index"};
+    Py_ssize_t found[7];
+    for (int i = 0; i < 7; i++) {
+        found[i] = i < 4 ? llmsim_slot_offset(sink_cls, sink_fields[i]) : llmsim_slot_offset(job_cls, job_fields[i - 4]);
+        if (found[i] < 0) {
+            return -1;
+        }
+    }
+    ended_offset = found[0];
+    opens_offset = found[1];
+    close_offset = found[2];
+    response_offset = found[3];
+    state_offset = found[4];
+    output_offset = found[5];
+    index_offset = found[6];
+    return 0;
+}
+
+/* install_streaming_sink(StreamingSink, Job, JobState.DECODING, sse._escaped, sse.escape,
+ * PURE_ON_OUTPUT): make StreamingSink.on_output the C twin. */
+static PyObject *
+install_streaming_sink(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "install_streaming_sink() takes 6 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *sink_cls = args[0], *job_cls = args[1];
+    if (!PyDict_CheckExact(args[3]) || !PyCallable_Check(args[4]) || !PyCallable_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "install_streaming_sink(): expected a dict and two callables");
+        return NULL;
+    }
+    if (find_offsets(sink_cls, job_cls) < 0) {
+        return NULL;
+    }
+    keep((PyObject **)&sink_type, sink_cls);
+    keep((PyObject **)&job_type, job_cls);
+    keep(&decoding, args[2]);
+    keep(&escaped_cache, args[3]);
+    keep(&escape_func, args[4]);
+    keep(&pure_on_output, args[5]);
+    if (llmsim_install_method(sink_cls, &on_output_def) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef sink_functions[] = {
+    {"install_streaming_sink", (PyCFunction)(void (*)(void))install_streaming_sink, METH_FASTCALL,
+     "install_streaming_sink(sink_cls, job_cls, decoding, escaped_cache, escape, pure_on_output)\n\n"
+     "Make sink_cls.on_output the C twin of StreamingSink.on_output (native/sink.c)."},
+    {NULL, NULL, 0, NULL},
+};
+
+int
+llmsim_sink_init(PyObject *module)
+{
+    write_name = PyUnicode_InternFromString("write");
+    pause_name = PyUnicode_InternFromString("_pause");
+    rendering_failed_name = PyUnicode_InternFromString("_rendering_failed");
+    if (write_name == NULL || pause_name == NULL || rendering_failed_name == NULL) {
+        return -1;
+    }
+    return PyModule_AddFunctions(module, sink_functions);
+}

@@ -1,0 +1,52 @@
+/* The compiled per-token path of llmsim (module llmsim._speedups): shared helpers.
+ *
+ * Each part (engine_run.c, sink.c, h2_write.c, h1_write.c, wake.c) is the twin of a pure-Python function
+ * that stays the reference: llmsim/speedups.py says which are installed, and
+ * LLMSIM_PURE=1 turns them all off.  The C code reads the fields of llmsim's own
+ * slotted (attrs) classes by their slot offsets, given at install time as the
+ * classes' member descriptors, so a field costs one load instead of a generic
+ * attribute lookup: that is where the gain over the interpreter comes from
+ * (docs/performance.md, "The compiled per-token path").
+ */
+#ifndef LLMSIM_SPEEDUPS_H
+#define LLMSIM_SPEEDUPS_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+/* The field at ``offset`` of a slotted instance (a borrowed reference; NULL when unset). */
+#define LLMSIM_SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
+
+/* Replace the field at ``offset`` by ``value`` (a new reference is taken). */
+static inline void
+llmsim_slot_set(PyObject *obj, Py_ssize_t offset, PyObject *value)
+{
+    PyObject **field = (PyObject **)((char *)obj + offset);
+    PyObject *old = *field;
+    Py_INCREF(value);
+    *field = value;
+    Py_XDECREF(old);
+}
+
+/* The slot offset of ``cls.name``, which must be a slot (a T_OBJECT_EX member
+ * descriptor) of ``cls``'s instances; -1 with an exception set otherwise. */
+Py_ssize_t llmsim_slot_offset(PyObject *cls, const char *name);
+
+/* Make ``def`` a method of the class ``cls`` (a method descriptor, as a method of a
+ * C type is: called without a bound-method object); 0, or -1 with an exception. */
+int llmsim_install_method(PyObject *cls, PyMethodDef *def);
+
+/* ``function(self, *args, **kwargs)`` for a vectorcall's arguments: how a twin hands a
+ * call it does not take to its pure-Python function. */
+PyObject *llmsim_call_with_self(PyObject *function, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames);
+
+/* Each part adds its functions to the module; 0, or -1 with an exception. */
+int llmsim_engine_init(PyObject *module);
+int llmsim_sink_init(PyObject *module);
+int llmsim_h2_init(PyObject *module);
+int llmsim_h1_init(PyObject *module);
+int llmsim_wake_init(PyObject *module);
+
+#endif
