@@ -2,23 +2,27 @@
 
 ``llmsim._speedups`` (C, ``native/*.c``, built by ``pip install`` where a C compiler
 is; optional, see ``setup.py``) holds compiled twins of the functions every paced
-token goes through: the engine's step loop, the streaming sink's token case, and the
-HTTP/2 stream's write.  Each layer installs its own twin when its module is imported
-(``if NATIVE is not None: ...``), and the pure-Python function stays the reference:
-the C code does what it does, for the cases it takes, and hands every other case to
-it.  docs/performance.md ("The compiled per-token path") says why and what it saves.
+token goes through: the engine's step loop, the streaming sink's token case, the
+HTTP/2 and HTTP/1.1 writes and the connection's wake-up.  Each layer installs its own
+twin when its module is imported (with the function :func:`installer` finds), and the
+pure-Python function stays the reference: the C code does what it does, for the cases
+it takes, and hands every other case to it.  docs/performance.md ("Issue 16, fourth
+pass: the compiled per-token path") says why and what it saves.
 
 ``LLMSIM_PURE=1`` in the environment (read once, at import) keeps the pure path only;
-the test suite runs the twins against each other (tests/test_speedups.py).
+the test suite runs the twins against each other (tests/test_speedups.py and each
+twin's differential tests).
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
-__all__ = ["NATIVE", "PURE_ENVIRONMENT_VARIABLE"]
+__all__ = ["NATIVE", "PURE_ENVIRONMENT_VARIABLE", "installer"]
 
 #: Set to anything but ``""`` or ``"0"``: run without the compiled twins.
 PURE_ENVIRONMENT_VARIABLE = "LLMSIM_PURE"
@@ -36,3 +40,11 @@ def _load() -> ModuleType | None:
 
 #: The compiled module, or None: the pure path only.
 NATIVE = _load()
+
+
+def installer(name: str) -> Callable[..., Any] | None:
+    """The compiled module's function ``name`` (``install_...``), or None: no compiled
+    path, or a module built before that twin was written (an in-place build not redone
+    after a pull): then the pure function stays, and the twin's tests say so, loudly."""
+    function: Callable[..., Any] | None = getattr(NATIVE, name, None)
+    return function

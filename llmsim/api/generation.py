@@ -37,12 +37,12 @@ from llmsim.api.errors import ApiError
 from llmsim.api.http import Headers, ResponseStream
 from llmsim.api.plan import GenerationPlan
 from llmsim.api.request_fields import check_n_limit
-from llmsim.api.sse import SSE_HEADERS, PlainTokens, _escaped, escape, escaped_piece
+from llmsim.api.sse import SSE_HEADERS, PlainTokens, escape, escape_cache, escaped_piece
 from llmsim.engine.errors import QueueFullError, QueueLimit
 from llmsim.engine.job import Job, JobSink, JobState, RequestGroup
 from llmsim.engine.scheduler import Engine
 from llmsim.model.logprobs import MAX_SIMULATED_LOGPROBS
-from llmsim.speedups import NATIVE
+from llmsim.speedups import installer
 
 __all__ = [
     "PURE_ON_OUTPUT",
@@ -342,8 +342,8 @@ class StreamingSink:
 #: The pure-Python ``StreamingSink.on_output``: the reference for its C twin
 #: (native/sink.c), which takes the token case and hands every other call to this.
 PURE_ON_OUTPUT = StreamingSink.on_output
-if NATIVE is not None:
-    NATIVE.install_streaming_sink(StreamingSink, Job, _DECODING, _escaped, escape, PURE_ON_OUTPUT)
+if (_install := installer("install_streaming_sink")) is not None:
+    _install(StreamingSink, Job, _DECODING, escape_cache, escape, PURE_ON_OUTPUT)
 
 
 class SubmittedJobs:

@@ -32,6 +32,7 @@ __all__ = [
     "error_events",
     "escape",
     "escape_all",
+    "escape_cache",
     "escape_uncached",
     "escaped_piece",
     "event_bytes",
@@ -61,6 +62,8 @@ _escaped: dict[str, bytes] = {}
 #: ``escaped_piece(text)``: :func:`escape`'s cached result for ``text``, or None (then
 #: call :func:`escape`): one C call on the per-token path instead of a Python one.
 escaped_piece = _escaped.get
+#: The cache itself, for the sink's C twin (native/sink.c), which looks pieces up in it directly.
+escape_cache = _escaped
 
 
 def escape(text: str) -> bytes:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from llmsim.engine.job import Job, JobState
 from llmsim.engine.timetable import READY
-from llmsim.speedups import NATIVE
+from llmsim.speedups import installer
 
 if TYPE_CHECKING:
     from llmsim.engine.scheduler import Engine
@@ -32,9 +32,7 @@ def install_run(engine_class: type[Engine]) -> RunFunction:
     """Make ``engine_class._run`` the C twin if ``llmsim._speedups`` is there; returns
     the pure ``_run`` either way."""
     pure: RunFunction = engine_class._run
-    # None also from a module built before this twin was written (a stale in-place build):
-    # the pure path then, and tests/engine/test_native_run.py fails on it, loudly.
-    install = getattr(NATIVE, "install_engine_run", None)
+    install = installer("install_engine_run")
     if install is not None:
         install(engine_class, Job, pure, JobState.PREFILL, JobState.DECODING, READY)
     return pure

@@ -144,7 +144,7 @@ def run(
     ``choice`` (the last call of a choice FINISHED).  The transcript of everything
     observable, the pure twin's frames, and how many calls the C twin takes itself (a
     middle token, or any call once the sink ended)."""
-    sse._escaped.clear()  # both runs start from the same cache
+    sse.escape_cache.clear()  # both runs start from the same cache
     response = RecordingResponse(answers)
     sink = new_sink(response, renderer(len(plans)), len(plans))
     jobs = [make_job(sink, plan, index=index) for index, plan in enumerate(plans)]
@@ -171,7 +171,7 @@ def run(
     finally:
         logging.getLogger("llmsim.api").removeHandler(logs)
     state = (sink._ended, sink.done.is_set(), [job.index for job in sink._finished], len(sink._paused))
-    transcript.append((state, response.calls, logs.records, dict(sse._escaped)))
+    transcript.append((state, response.calls, logs.records, dict(sse.escape_cache)))
     return transcript, frames[0], taken
 
 
@@ -223,14 +223,14 @@ def test_every_middle_token_is_written_by_the_c_twin(renderer: Callable[[int], S
 
 
 def test_a_miss_is_escaped_by_sse_escape_and_cached_if_short() -> None:
-    sse._escaped.clear()
+    sse.escape_cache.clear()
     response = RecordingResponse()
     sink = new_sink(response, chat(1), 1)
     long = "\u00e9" * 65
     job = decoding(sink, ("a", "b\n", long, "c"))
     assert NATIVE_ON_OUTPUT(sink, job, 1, 2, 0.0) is True
     assert NATIVE_ON_OUTPUT(sink, job, 2, 3, 0.0) is True
-    assert sse._escaped == {"b\n": b"b\\n"}
+    assert sse.escape_cache == {"b\n": b"b\\n"}
     assert [call[-1].count(b"\\n") for call in response.calls] == [1, 0]
     assert long.encode() in response.calls[1][-1]
 
@@ -315,8 +315,8 @@ def test_a_full_buffer_pauses_the_job(on_output: OnOutput) -> None:
 
 def test_odd_values_in_the_cache_are_used_as_python_would() -> None:
     """A bytearray is added with ``+``; None counts as a miss (the twin's ``is not None``)."""
-    sse._escaped.clear()
-    cache: dict[str, Any] = sse._escaped
+    sse.escape_cache.clear()
+    cache: dict[str, Any] = sse.escape_cache
     cache.update({"b": bytearray(b"B"), "c": None})
     try:
         results = []
@@ -329,7 +329,7 @@ def test_odd_values_in_the_cache_are_used_as_python_would() -> None:
         [(_, first_type, first), (_, _, second)] = results[1][2]
         assert first_type is bytes and b'{"content":"B"}' in first and b'{"content":"c"}' in second
     finally:
-        sse._escaped.clear()
+        sse.escape_cache.clear()
 
 
 def test_escape_results_that_are_not_bytes_or_fail(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -461,7 +461,7 @@ def test_no_reference_or_memory_leaks() -> None:
     """10,000 calls of each C path (cache hit and miss, written and paused) keep every
     refcount, and the traced memory flat."""
     short, long = "hit", "miss" * 20
-    sse._escaped.clear()
+    sse.escape_cache.clear()
     sse.escape(short)
     accepted = itertools.cycle((True, False, False))  # each call written and paused
     response: Any = RecordingResponse()
@@ -470,7 +470,7 @@ def test_no_reference_or_memory_leaks() -> None:
     sink = new_sink(response, chat(1), 1)
     job = decoding(sink, ("a", short, long, "z"))
     opens: Any = sink._token_opens
-    watched = (sink, job, response, short, long, sse._escaped[short], opens[0], sink._token_close)
+    watched = (sink, job, response, short, long, sse.escape_cache[short], opens[0], sink._token_close)
 
     def calls(n: int) -> None:
         for _ in range(n):

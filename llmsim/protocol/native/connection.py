@@ -33,7 +33,7 @@ from llmsim.protocol.native.detect import RECEIVE_SIZE, PrefixedStream, Wire, re
 from llmsim.protocol.native.http1 import Http1Handler
 from llmsim.protocol.native.http2 import Http2Handler
 from llmsim.protocol.settings import ConnectionTracker, ProtocolSettings
-from llmsim.speedups import NATIVE
+from llmsim.speedups import installer
 
 __all__ = ["PURE_WAKE_WRITER", "Connection", "ConnectionPhase", "WriteCoalescer"]
 
@@ -429,5 +429,5 @@ class Connection:
 #: The pure ``Connection.wake_writer``, the reference: its C twin replaces it where built
 #: (native/wake.c: the wake-up the write coalescer holds, taken without a Python call).
 PURE_WAKE_WRITER = Connection.wake_writer
-if NATIVE is not None:
-    NATIVE.install_wake_writer(Connection, WriteCoalescer, PURE_WAKE_WRITER)
+if (_install := installer("install_wake_writer")) is not None:
+    _install(Connection, WriteCoalescer, PURE_WAKE_WRITER)

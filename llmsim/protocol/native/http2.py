@@ -33,7 +33,7 @@ from llmsim.protocol.native.h2_headers import request_head, response_headers, wi
 from llmsim.protocol.native.h2_output import Http2Output
 from llmsim.protocol.native.h2_stream import Http2Stream
 from llmsim.protocol.native.stream import content_length, run_handler
-from llmsim.speedups import NATIVE
+from llmsim.speedups import installer
 
 __all__ = ["PURE_WRITE", "UPGRADE_ERRORS", "Http2Handler", "Http2Stream"]
 
@@ -460,7 +460,6 @@ class Http2Handler(Http2Output):
 #: The pure-Python write, the reference: with llmsim.speedups.NATIVE, ``Http2Stream.write``
 #: is its C twin (native/h2_write.c), which takes the per-token case and hands this the rest.
 PURE_WRITE = Http2Stream.write
-_install = getattr(NATIVE, "install_http2_write", None)  # (None too: a module built before this twin)
-if _install is not None:
+if (_install := installer("install_http2_write")) is not None:
     _STATES = StreamState.OPEN, StreamState.HALF_CLOSED_REMOTE, ConnectionState.SERVER_OPEN
     _install(Http2Stream, Http2Handler, PURE_WRITE, _STREAMING, *_STATES)

@@ -23,7 +23,7 @@ from llmsim.api.http import Headers, ResponseState
 from llmsim.protocol.native.frames import chunk
 from llmsim.protocol.native.http1_fastpath import SIZE_LINES
 from llmsim.protocol.native.stream import OutboundStream
-from llmsim.speedups import NATIVE
+from llmsim.speedups import installer
 
 if TYPE_CHECKING:
     from llmsim.protocol.native.http1 import Http1Handler
@@ -80,6 +80,6 @@ def install_write(handler: type[Http1Handler]) -> Callable[[Http1Response, bytes
     """Install the C ``Http1Response.write`` (if built and allowed) for responses whose
     host is a ``handler``; the pure write, returned, stays the reference."""
     pure = Http1Response.write
-    if NATIVE is not None:
-        NATIVE.install_http1_write(Http1Response, handler, _STREAMING, pure)
+    if (install := installer("install_http1_write")) is not None:
+        install(Http1Response, handler, _STREAMING, pure)
     return pure
