@@ -668,26 +668,11 @@ static PyMethodDef engine_run_def = {
 static int
 job_offsets(PyObject *cls)
 {
-    static const struct {
-        Py_ssize_t *offset;
-        const char *name;
-    } fields[] = {
-        {&off_slot, "slot"},
-        {&off_paused, "paused"},
-        {&off_emitted, "emitted"},
-        {&off_state, "state"},
-        {&off_last_token_time, "last_token_time"},
-        {&off_output, "output"},
-        {&off_deadline, "deadline"},
-        {&off_sink, "sink"},
-    };
-    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
-        *fields[i].offset = llmsim_slot_offset(cls, fields[i].name);
-        if (*fields[i].offset < 0) {
-            return -1;
-        }
-    }
-    return 0;
+    static const char *const names[] = {"slot", "paused", "emitted", "state", "last_token_time", "output",
+                                        "deadline", "sink"};
+    Py_ssize_t *const offsets[] = {&off_slot, &off_paused, &off_emitted, &off_state, &off_last_token_time,
+                                   &off_output, &off_deadline, &off_sink};
+    return llmsim_slot_offsets(cls, names, offsets, sizeof(names) / sizeof(names[0]));
 }
 
 /* install_engine_run(Engine, Job, pure_run, PREFILL, DECODING, READY) */

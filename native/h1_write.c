@@ -166,25 +166,11 @@ http1_write(PyObject *self, PyObject *data)
     if (result == FAILED) {
         return NULL;
     }
-    PyObject *args[] = {self, data};
-    return PyObject_Vectorcall(twin.pure_write, args, 2, NULL);
+    return llmsim_call_with_self(twin.pure_write, self, &data, 1, NULL);
 }
 
 static PyMethodDef write_def = {"write", (PyCFunction)http1_write, METH_O,
                                 "Http1Response.write, compiled (native/h1_write.c)."};
-
-/* The slot offsets of ``names`` in ``cls`` into ``offsets``: 0, or -1 with an exception. */
-static int
-slot_offsets(PyObject *cls, int count, const char *const *names, Py_ssize_t *offsets)
-{
-    for (int i = 0; i < count; i++) {
-        offsets[i] = llmsim_slot_offset(cls, names[i]);
-        if (offsets[i] < 0) {
-            return -1;
-        }
-    }
-    return 0;
-}
 
 /* install_http1_write(cls, handler, streaming, pure_write): make the twin cls.write,
  * for responses whose host is a ``handler`` (others go to pure_write). */
@@ -198,9 +184,12 @@ install_http1_write(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     static const char *const response_fields[6] = {"chunked", "state", "buffered", "frame_at_once", "host",
                                                     "low_water"};
+    Py_ssize_t *const response_offsets[6] = {&twin.chunked, &twin.state, &twin.buffered,
+                                             &twin.frame_at_once, &twin.host, &twin.low_water};
     static const char *const handler_fields[3] = {"_out", "_t", "_framed"};
-    Py_ssize_t own[6], host[3];
-    if (slot_offsets(args[0], 6, response_fields, own) < 0 || slot_offsets(args[1], 3, handler_fields, host) < 0) {
+    Py_ssize_t *const handler_offsets[3] = {&twin.out, &twin.t, &twin.framed};
+    if (llmsim_slot_offsets(args[0], response_fields, response_offsets, 6) < 0 ||
+        llmsim_slot_offsets(args[1], handler_fields, handler_offsets, 3) < 0) {
         return NULL;
     }
     PyObject *zero = PyLong_FromLong(0);
@@ -211,9 +200,6 @@ install_http1_write(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_XSETREF(twin.handler, Py_NewRef(args[1]));
     Py_XSETREF(twin.streaming, Py_NewRef(args[2]));
     Py_XSETREF(twin.pure_write, Py_NewRef(args[3]));
-    twin.chunked = own[0], twin.state = own[1], twin.buffered = own[2];
-    twin.frame_at_once = own[3], twin.host = own[4], twin.low_water = own[5];
-    twin.out = host[0], twin.t = host[1], twin.framed = host[2];
     if (llmsim_install_method(args[0], &write_def) < 0) {
         return NULL;
     }

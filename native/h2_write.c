@@ -320,27 +320,13 @@ http2_write(PyObject *self, PyObject *data)
     if (outcome == FAILED) {
         return NULL;
     }
-    PyObject *args[2] = {self, data};
-    return PyObject_Vectorcall(twin.pure_write, args, 2, NULL);
+    return llmsim_call_with_self(twin.pure_write, self, &data, 1, NULL);
 }
 
 static PyMethodDef write_def = {
     "write", http2_write, METH_O,
     "Http2Stream.write, compiled (native/h2_write.c); http2.PURE_WRITE is the reference.",
 };
-
-/* The slot offsets of ``names`` in ``cls``, into ``offsets``: 0, or -1 with an exception. */
-static int
-slot_offsets(PyObject *cls, const char *const *names, Py_ssize_t *const *offsets, size_t count)
-{
-    for (size_t i = 0; i < count; i++) {
-        *offsets[i] = llmsim_slot_offset(cls, names[i]);
-        if (*offsets[i] < 0) {
-            return -1;
-        }
-    }
-    return 0;
-}
 
 /* install_http2_write(stream_class, handler_class, pure_write, streaming, stream_open,
  * half_closed_remote, server_open): called once by http2.py. */
@@ -360,8 +346,8 @@ install_http2_write(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                                          "stream_open, half_closed_remote, server_open)");
         return NULL;
     }
-    if (slot_offsets(args[0], stream_fields, stream_offsets, 10) < 0
-        || slot_offsets(args[1], handler_fields, handler_offsets, 4) < 0) {
+    if (llmsim_slot_offsets(args[0], stream_fields, stream_offsets, 10) < 0
+        || llmsim_slot_offsets(args[1], handler_fields, handler_offsets, 4) < 0) {
         return NULL;
     }
     PyObject **given[] = {&twin.handler_class, &twin.pure_write, &twin.streaming, &twin.stream_open,

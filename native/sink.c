@@ -269,20 +269,16 @@ find_offsets(PyObject *sink_cls, PyObject *job_cls)
 {
     static const char *const sink_fields[] = {"_ended", "_token_opens", "_token_close", "_response"};
     static const char *const job_fields[] = {"state", "output", "index"};
-    Py_ssize_t found[7];
-    for (int i = 0; i < 7; i++) {
-        found[i] = i < 4 ? llmsim_slot_offset(sink_cls, sink_fields[i]) : llmsim_slot_offset(job_cls, job_fields[i - 4]);
-        if (found[i] < 0) {
-            return -1;
-        }
+    Py_ssize_t *const sink_offsets[] = {&ended_offset, &opens_offset, &close_offset, &response_offset};
+    Py_ssize_t *const job_offsets[] = {&state_offset, &output_offset, &index_offset};
+    Py_ssize_t saved[4] = {ended_offset, opens_offset, close_offset, response_offset};
+    if (llmsim_slot_offsets(sink_cls, sink_fields, sink_offsets, 4) < 0) {
+        return -1;
     }
-    ended_offset = found[0];
-    opens_offset = found[1];
-    close_offset = found[2];
-    response_offset = found[3];
-    state_offset = found[4];
-    output_offset = found[5];
-    index_offset = found[6];
+    if (llmsim_slot_offsets(job_cls, job_fields, job_offsets, 3) < 0) {
+        ended_offset = saved[0], opens_offset = saved[1], close_offset = saved[2], response_offset = saved[3];
+        return -1;
+    }
     return 0;
 }
 

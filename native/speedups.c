@@ -24,6 +24,26 @@ llmsim_slot_offset(PyObject *cls, const char *name)
 }
 
 int
+llmsim_slot_offsets(PyObject *cls, const char *const *names, Py_ssize_t *const *offsets, size_t count)
+{
+    Py_ssize_t found[LLMSIM_MAX_SLOTS];
+    if (count > LLMSIM_MAX_SLOTS) {
+        PyErr_SetString(PyExc_SystemError, "llmsim_slot_offsets: too many slots");
+        return -1;
+    }
+    for (size_t i = 0; i < count; i++) {
+        found[i] = llmsim_slot_offset(cls, names[i]);
+        if (found[i] < 0) {
+            return -1;
+        }
+    }
+    for (size_t i = 0; i < count; i++) {
+        *offsets[i] = found[i];
+    }
+    return 0;
+}
+
+int
 llmsim_install_method(PyObject *cls, PyMethodDef *def)
 {
     PyObject *descr = PyDescr_NewMethod((PyTypeObject *)cls, def);

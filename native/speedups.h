@@ -33,6 +33,11 @@ llmsim_slot_set(PyObject *obj, Py_ssize_t offset, PyObject *value)
  * descriptor) of ``cls``'s instances; -1 with an exception set otherwise. */
 Py_ssize_t llmsim_slot_offset(PyObject *cls, const char *name);
 
+/* The slot offsets of ``names`` (``count`` of them, at most LLMSIM_MAX_SLOTS) in ``cls``,
+ * stored through ``offsets``: 0, or -1 with an exception and none of them changed. */
+#define LLMSIM_MAX_SLOTS 16
+int llmsim_slot_offsets(PyObject *cls, const char *const *names, Py_ssize_t *const *offsets, size_t count);
+
 /* Make ``def`` a method of the class ``cls`` (a method descriptor, as a method of a
  * C type is: called without a bound-method object); 0, or -1 with an exception. */
 int llmsim_install_method(PyObject *cls, PyMethodDef *def);

@@ -63,11 +63,12 @@ install_wake_writer(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "install_wake_writer(Connection, WriteCoalescer, pure_wake_writer)");
         return NULL;
     }
-    if ((dirty_offset = llmsim_slot_offset(args[0], "_dirty")) < 0 ||
-        (coalescer_offset = llmsim_slot_offset(args[0], "coalescer")) < 0 ||
-        (direct_offset = llmsim_slot_offset(args[0], "_direct")) < 0 ||
-        (held_offset = llmsim_slot_offset(args[1], "held")) < 0 ||
-        (defer_offset = llmsim_slot_offset(args[1], "defer")) < 0) {
+    static const char *const connection_fields[] = {"_dirty", "coalescer", "_direct"};
+    Py_ssize_t *const connection_offsets[] = {&dirty_offset, &coalescer_offset, &direct_offset};
+    static const char *const coalescer_fields[] = {"held", "defer"};
+    Py_ssize_t *const coalescer_offsets[] = {&held_offset, &defer_offset};
+    if (llmsim_slot_offsets(args[0], connection_fields, connection_offsets, 3) < 0 ||
+        llmsim_slot_offsets(args[1], coalescer_fields, coalescer_offsets, 2) < 0) {
         return NULL;
     }
     Py_XSETREF(connection_type, (PyTypeObject *)Py_NewRef(args[0]));
