@@ -69,21 +69,34 @@ class StepTimer:
         return None if fd < 0 else cls(fd, settime)
 
     async def sleep_until(self, deadline: float) -> None:
-        """Return at ``deadline`` (trio's clock, finite), give or take the wake-up
-        latency.  Cancellable: the timer then stays armed, and the next call re-arms it
-        (which also clears an expiry nobody waited for)."""
-        delay = deadline - trio.current_time()
+        """Return at ``deadline`` (trio's clock; ``inf``: only :meth:`fire_now` ends the
+        sleep), give or take the wake-up latency.  Cancellable: the timer then stays
+        armed, and the next call re-arms it (which also clears an expiry nobody waited for)."""
         value = self._spec.it_value
-        if delay > 0.0:
-            fraction, seconds = math.modf(delay)
-            value.tv_sec, value.tv_nsec = int(seconds), max(int(fraction * 1e9), 1)
+        if deadline == math.inf:
+            value.tv_sec, value.tv_nsec = 0, 0  # disarmed
         else:
-            value.tv_sec, value.tv_nsec = 0, 1  # 0 would disarm it
-        if self._settime(self._fd, 0, ctypes.byref(self._spec), None) != 0:
-            raise OSError(ctypes.get_errno(), "timerfd_settime failed")
+            delay = deadline - trio.current_time()
+            if delay > 0.0:
+                fraction, seconds = math.modf(delay)
+                value.tv_sec, value.tv_nsec = int(seconds), max(int(fraction * 1e9), 1)
+            else:
+                value.tv_sec, value.tv_nsec = 0, 1  # 0 would disarm it
+        self._arm()
         await trio.lowlevel.wait_readable(self._fd)
         with contextlib.suppress(BlockingIOError):
             os.read(self._fd, 8)  # the expiry count: reading it makes the fd unreadable again
+
+    def fire_now(self) -> None:
+        """End the current :meth:`sleep_until` at once: a wake-up.  (Between sleeps it
+        has no effect: the next sleep re-arms the timer, which forgets a firing.)"""
+        value = self._spec.it_value
+        value.tv_sec, value.tv_nsec = 0, 1
+        self._arm()
+
+    def _arm(self) -> None:
+        if self._settime(self._fd, 0, ctypes.byref(self._spec), None) != 0:
+            raise OSError(ctypes.get_errno(), "timerfd_settime failed")
 
     def close(self) -> None:
         trio.lowlevel.notify_closing(self._fd)

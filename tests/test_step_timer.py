@@ -6,6 +6,7 @@ milliseconds for real.
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 
@@ -67,5 +68,40 @@ async def test_a_deadline_already_past_returns_at_once() -> None:
     try:
         with trio.fail_after(1):
             await timer.sleep_until(trio.current_time() - 1.0)
+    finally:
+        timer.close()
+
+
+async def test_fire_now_ends_a_sleep_without_a_deadline() -> None:
+    """The engine task's wake-up: with nothing planned it sleeps with no deadline
+    (the timer disarmed) until a submitted job fires the timer."""
+    timer = open_timer()
+    woke_at: list[float] = []
+
+    async def sleeper() -> None:
+        await timer.sleep_until(math.inf)
+        woke_at.append(trio.current_time())
+
+    try:
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(sleeper)
+                await trio.sleep(0.01)  # a disarmed timer does not fire on its own
+                assert woke_at == []
+                fired_at = trio.current_time()
+                timer.fire_now()
+        assert woke_at and woke_at[0] >= fired_at
+    finally:
+        timer.close()
+
+
+async def test_a_firing_between_sleeps_is_forgotten() -> None:
+    timer = open_timer()
+    try:
+        timer.fire_now()
+        await trio.sleep(0.002)  # it has fired, and nobody waited
+        deadline = trio.current_time() + 0.02
+        await timer.sleep_until(deadline)  # re-arming cleared it: no early return
+        assert trio.current_time() >= deadline
     finally:
         timer.close()
