@@ -15,10 +15,12 @@
  * over before it is used, so no Python code (__bool__, __eq__...) runs twice.
  *
  * The fields of the stream (an attrs slotted class) and of its handler (Http2Handler
- * and its base Http2Output have __slots__ for this) are read by slot offset; the
- * transport's ``congested`` and h2's objects (with a __dict__) by getattr with interned
- * names: plain attributes, so reading them has no effect, and reading one again in the
- * pure write after a hand-over is not observable.
+ * and its base Http2Output have __slots__ for this) are read by slot offset, and so are
+ * h2's: the connection is a ServerConnection and the stream a RequestStream, with their
+ * state machines, whose few fields read here are slots (h2_objects.py says how; any
+ * other object is handed over).  The transport's ``congested`` is read by getattr with
+ * an interned name: a plain attribute, so reading it has no effect, and reading it again
+ * in the pure write after a hand-over is not observable.
  *
  * The frame: the 9-byte header and the payload are one bytes object (one allocation
  * and one list item instead of two).  Nothing reads ``host._frames`` item by item:
@@ -41,9 +43,18 @@ static struct {
     Py_ssize_t batch, transport, frames, conn; /* the handler's _batch, _t, _frames, _h2 */
 } twin;
 
+/* What install_h2_objects was given: h2's objects as h2_objects.py and h2_fastpath.py
+ * make them, and the offsets of the slots read here. */
+static struct {
+    PyTypeObject *stream_class, *stream_machine_class, *connection_class, *connection_machine_class;
+    Py_ssize_t stream_machine, stream_id, stream_window; /* RequestStream */
+    Py_ssize_t stream_state;                             /* StreamMachine */
+    Py_ssize_t connection_machine, connection_window, max_frame; /* ServerConnection */
+    Py_ssize_t connection_state;                                  /* ConnectionMachine */
+} h2;
+
 /* Interned attribute names (made once, at module init). */
-static PyObject *s_t, *s_congested, *s_wake_writer, *s_state_machine,
-    *s_state, *s_max_outbound_frame_size, *s_outbound_flow_control_window, *s_stream_id;
+static PyObject *s_t, *s_congested, *s_wake_writer;
 
 /* The outcome of the C part: done (the frame is in the batch), hand over to the pure
  * write (nothing changed), or an exception (from wake_writer, or out of memory). */
@@ -77,53 +88,29 @@ plain_int(PyObject *value, Py_ssize_t *out)
     return 1;
 }
 
-/* getattr(obj, name) as an exact int in *out: 1; 0 when it is not one (or the lookup
- * failed: the pure write raises that again), with no exception left set. */
-static int
-int_attr(PyObject *obj, PyObject *name, Py_ssize_t *out)
+/* The state of ``machine``, a slot of ``owner`` of type ``machine_class`` (borrowed;
+ * NULL when either is unset or of another type: the pure write takes it). */
+static PyObject *
+machine_state(PyObject *owner, Py_ssize_t machine_offset, PyTypeObject *machine_class, Py_ssize_t state_offset)
 {
-    PyObject *value = PyObject_GetAttr(obj, name);
-    if (value == NULL) {
-        PyErr_Clear();
-        return 0;
+    PyObject *machine = LLMSIM_SLOT(owner, machine_offset);
+    if (machine == NULL || !PyObject_TypeCheck(machine, machine_class)) {
+        return NULL;
     }
-    int ok = plain_int(value, out);
-    Py_DECREF(value);
-    return ok;
+    return LLMSIM_SLOT(machine, state_offset);
 }
 
-/* Whether getattr(getattr(obj, "state_machine"), "state") is ``one`` or ``other``
- * (h2's state machines; a failed lookup is "no", the pure write raises it again). */
+/* The window slot at ``offset`` of ``obj`` = old - size (a new int): 0, or -1 (no memory). */
 static int
-machine_state_is(PyObject *obj, PyObject *one, PyObject *other)
-{
-    PyObject *machine = PyObject_GetAttr(obj, s_state_machine);
-    if (machine == NULL) {
-        PyErr_Clear();
-        return 0;
-    }
-    PyObject *state = PyObject_GetAttr(machine, s_state);
-    Py_DECREF(machine);
-    if (state == NULL) {
-        PyErr_Clear();
-        return 0;
-    }
-    int is = state == one || state == other;
-    Py_DECREF(state);
-    return is;
-}
-
-/* ``obj.name = old - size`` (h2's window; a new int). */
-static int
-set_window(PyObject *obj, Py_ssize_t old, Py_ssize_t size)
+set_window(PyObject *obj, Py_ssize_t offset, Py_ssize_t old, Py_ssize_t size)
 {
     PyObject *value = PyLong_FromSsize_t(old - size);
     if (value == NULL) {
         return -1;
     }
-    int result = PyObject_SetAttr(obj, s_outbound_flow_control_window, value);
+    llmsim_slot_set(obj, offset, value);
     Py_DECREF(value);
-    return result;
+    return 0;
 }
 
 /* The DATA frame (no flags) of ``data`` on stream ``sid``, header and payload in one
@@ -150,26 +137,42 @@ data_frame(PyObject *data, Py_ssize_t size, Py_ssize_t sid)
     return frame;
 }
 
+/* Whether ``conn`` and ``h2stream`` are h2's objects with the slots read here
+ * (install_h2_objects was called, and they are of its classes). */
+static int
+slotted_h2(PyObject *conn, PyObject *h2stream)
+{
+    return h2.stream_class != NULL && PyObject_TypeCheck(h2stream, h2.stream_class)
+           && PyObject_TypeCheck(conn, h2.connection_class);
+}
+
 /* h2_fastpath.py:send_data_now, from its checks on: DONE (windows reduced, the frame
  * appended to ``frames``), HAND_OVER (nothing changed) or FAILED. */
 static int
 send_data_now(PyObject *frames, PyObject *conn, PyObject *h2stream, PyObject *data, Py_ssize_t size)
 {
+    if (!slotted_h2(conn, h2stream)) {
+        return HAND_OVER;
+    }
+    PyObject *stream_state = machine_state(h2stream, h2.stream_machine, h2.stream_machine_class, h2.stream_state);
+    PyObject *connection_state =
+        machine_state(conn, h2.connection_machine, h2.connection_machine_class, h2.connection_state);
     Py_ssize_t max_frame, conn_window, stream_window, sid;
-    if (!(machine_state_is(h2stream, twin.half_closed_remote, twin.stream_open)
-          && int_attr(conn, s_max_outbound_frame_size, &max_frame) && size <= max_frame
-          && int_attr(conn, s_outbound_flow_control_window, &conn_window) && size <= conn_window
-          && int_attr(h2stream, s_outbound_flow_control_window, &stream_window) && size <= stream_window
-          && machine_state_is(conn, twin.server_open, NULL))) {
+    if (!((stream_state == twin.half_closed_remote || stream_state == twin.stream_open)
+          && plain_int(LLMSIM_SLOT(conn, h2.max_frame), &max_frame) && size <= max_frame
+          && plain_int(LLMSIM_SLOT(conn, h2.connection_window), &conn_window) && size <= conn_window
+          && plain_int(LLMSIM_SLOT(h2stream, h2.stream_window), &stream_window) && size <= stream_window
+          && connection_state == twin.server_open)) {
         return HAND_OVER;
     }
     /* What struct.pack takes (a length under 2**24, a 32-bit stream id); the pure write
      * raises its struct.error for anything else (after the windows, as there). */
-    if (!int_attr(h2stream, s_stream_id, &sid) || sid < 0 || sid > (Py_ssize_t)0xFFFFFFFF
+    if (!plain_int(LLMSIM_SLOT(h2stream, h2.stream_id), &sid) || sid < 0 || sid > (Py_ssize_t)0xFFFFFFFF
         || size >= ((Py_ssize_t)1 << 24)) {
         return HAND_OVER;
     }
-    if (set_window(conn, conn_window, size) < 0 || set_window(h2stream, stream_window, size) < 0) {
+    if (set_window(conn, h2.connection_window, conn_window, size) < 0
+        || set_window(h2stream, h2.stream_window, stream_window, size) < 0) {
         return FAILED;
     }
     PyObject *frame = data_frame(data, size, sid);
@@ -361,9 +364,45 @@ install_http2_write(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* install_h2_objects(stream_class, stream_machine_class, connection_class,
+ * connection_machine_class): called once by h2_fastpath.py. */
+static PyObject *
+install_h2_objects(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 4 || !PyType_Check(args[0]) || !PyType_Check(args[1]) || !PyType_Check(args[2])
+        || !PyType_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "install_h2_objects(stream_class, stream_machine_class, connection_class, "
+                                         "connection_machine_class)");
+        return NULL;
+    }
+    static const char *const stream_fields[] = {"state_machine", "stream_id", "outbound_flow_control_window"};
+    Py_ssize_t *const stream_offsets[] = {&h2.stream_machine, &h2.stream_id, &h2.stream_window};
+    static const char *const connection_fields[] = {"state_machine", "outbound_flow_control_window",
+                                                    "max_outbound_frame_size"};
+    Py_ssize_t *const connection_offsets[] = {&h2.connection_machine, &h2.connection_window, &h2.max_frame};
+    static const char *const state_field[] = {"state"};
+    Py_ssize_t *const stream_state_offset[] = {&h2.stream_state};
+    Py_ssize_t *const connection_state_offset[] = {&h2.connection_state};
+    if (llmsim_slot_offsets(args[0], stream_fields, stream_offsets, 3) < 0
+        || llmsim_slot_offsets(args[1], state_field, stream_state_offset, 1) < 0
+        || llmsim_slot_offsets(args[2], connection_fields, connection_offsets, 3) < 0
+        || llmsim_slot_offsets(args[3], state_field, connection_state_offset, 1) < 0) {
+        return NULL;
+    }
+    PyTypeObject **given[] = {&h2.stream_class, &h2.stream_machine_class, &h2.connection_class,
+                              &h2.connection_machine_class};
+    for (size_t i = 0; i < 4; i++) {
+        Py_XSETREF(*given[i], (PyTypeObject *)Py_NewRef(args[i]));
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef h2_functions[] = {
     {"install_http2_write", (PyCFunction)(void (*)(void))install_http2_write, METH_FASTCALL,
      "Install the compiled Http2Stream.write (see native/h2_write.c)."},
+    {"install_h2_objects", (PyCFunction)(void (*)(void))install_h2_objects, METH_FASTCALL,
+     "Give the compiled Http2Stream.write h2's slotted classes (see llmsim/protocol/native/h2_objects.py)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -378,10 +417,7 @@ int
 llmsim_h2_init(PyObject *module)
 {
     if (intern(&s_t, "_t") < 0 || intern(&s_congested, "congested") < 0
-        || intern(&s_wake_writer, "wake_writer") < 0 || intern(&s_state_machine, "state_machine") < 0
-        || intern(&s_state, "state") < 0 || intern(&s_max_outbound_frame_size, "max_outbound_frame_size") < 0
-        || intern(&s_outbound_flow_control_window, "outbound_flow_control_window") < 0
-        || intern(&s_stream_id, "stream_id") < 0) {
+        || intern(&s_wake_writer, "wake_writer") < 0) {
         return -1;
     }
     return PyModule_AddFunctions(module, h2_functions);

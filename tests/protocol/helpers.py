@@ -364,3 +364,15 @@ class H2Client:
     async def wait_for_eof(self) -> None:
         while not self.eof:
             await self.pump()
+
+
+def h2_fields(obj: object) -> dict[str, Any]:
+    """Every attribute of one of h2's objects by name, slots included: llmsim's
+    subclasses of h2's connection, stream and state machines keep a few in slots
+    (llmsim/protocol/native/h2_objects.py), where ``vars()`` does not see them."""
+    fields = dict(vars(obj))
+    for cls in type(obj).__mro__:
+        for name in cls.__dict__.get("__slots__", ()):
+            if hasattr(obj, name):
+                fields[name] = getattr(obj, name)
+    return fields

@@ -80,7 +80,9 @@ from hyperframe.frame import DataFrame, Frame, HeadersFrame, RstStreamFrame, Win
 from llmsim.protocol.native.frames import FRAME_HEADER, data_frames, header_block_frames
 from llmsim.protocol.native.h2_hpack import CachingEncoder
 from llmsim.protocol.native.h2_inbound import Block, CachingDecoder, InboundFrames, open_request, request_data
+from llmsim.protocol.native.h2_objects import ConnectionMachine, RequestStream, StreamMachine, request_stream
 from llmsim.protocol.native.h2_validation import HEADER_EVENTS, check_header_block
+from llmsim.speedups import installer
 
 __all__ = [
     "H2Stream",
@@ -143,6 +145,9 @@ class ServerConnection(h2.connection.H2Connection):
     (h2's ``_handle_data_on_closed_stream``), and HEADERS is a connection error.
     """
 
+    # What the per-token write reads, in slots (see .h2_objects).
+    __slots__ = ("max_outbound_frame_size", "outbound_flow_control_window", "state_machine")
+
     MAX_CLOSED_STREAMS = 256
     _next_walk = 64
     #: Requests answered with RST_STREAM PROTOCOL_ERROR so far (the handler charges them
@@ -151,6 +156,7 @@ class ServerConnection(h2.connection.H2Connection):
 
     def __init__(self, config: h2.config.H2Configuration) -> None:
         super().__init__(config)
+        self.state_machine = ConnectionMachine()  # (h2's own, just made and still IDLE, replaced)
         # A request's frames made directly, a repeated header block decoded once
         # (h2_inbound); h2 sets the decoder's limits as ever.
         self.incoming_buffer = InboundFrames(server=True)
@@ -160,6 +166,14 @@ class ServerConnection(h2.connection.H2Connection):
         #: Streams whose request head is a remembered, ordinary block (by stream id,
         #: until the handler takes it): the handler makes its request of it once.
         self.plain_requests: dict[int, Block] = {}
+
+    def _begin_new_stream(self, stream_id: int, allowed_ids: AllowedStreamIDs) -> H2Stream:
+        """h2's, its new stream made a :class:`.h2_objects.RequestStream` (as
+        :func:`.h2_inbound.open_request` makes every ordinary one), so that the per-token
+        write reads its fields by slot whichever path opened it."""
+        stream = request_stream(super()._begin_new_stream(stream_id, allowed_ids))
+        self.streams[stream_id] = stream
+        return stream
 
     @property
     def open_inbound_streams(self) -> int:
@@ -494,3 +508,8 @@ def send_response_head(
     if end_stream:
         _end_stream_sent(machine)
     stream.request_method = method
+
+
+# The compiled per-token write (native/h2_write.c) reads these classes' slots by offset.
+if (_install := installer("install_h2_objects")) is not None:
+    _install(RequestStream, StreamMachine, ServerConnection, ConnectionMachine)

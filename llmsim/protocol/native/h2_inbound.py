@@ -62,6 +62,8 @@ from hpack.table import HeaderTable
 from hyperframe.flags import Flags
 from hyperframe.frame import DataFrame, Frame, HeadersFrame
 
+from llmsim.protocol.native.h2_objects import RequestStream
+
 __all__ = [
     "MAX_BLOCKS",
     "MAX_BLOCK_SIZE",
@@ -230,7 +232,7 @@ def open_request(
     it (``_initialize_content_length`` depends on nothing else: a new stream's
     ``request_method`` is None).
     """
-    stream = H2Stream(
+    stream = RequestStream(
         stream_id,
         config=conn.config,
         # (Settings.initial_window_size: the current value, read as Settings.__getitem__

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from llmsim.protocol.native import h2_fastpath
 from llmsim.protocol.native.h2_fastpath import send_data, send_response_head, sendable_stream, server_connection
-from tests.protocol.helpers import H2Client, TestApp, open_memory_connection
+from tests.protocol.helpers import H2Client, TestApp, h2_fields, open_memory_connection
 
 REQUEST = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/v1/completions"), (b":authority", b"t")]
 
@@ -40,7 +40,7 @@ def pair(request_ended: bool) -> tuple[h2.connection.H2Connection, h2.connection
 
 
 def machine_state(conn: h2.connection.H2Connection) -> dict[str, object]:
-    return dict(vars(conn.streams[1].state_machine))
+    return h2_fields(conn.streams[1].state_machine)
 
 
 @given(request_ended=st.booleans(), response_ended=st.booleans())

@@ -25,6 +25,7 @@ from hyperframe.frame import DataFrame
 
 from llmsim.protocol.native import h2_fastpath
 from llmsim.protocol.native.h2_fastpath import server_connection
+from tests.protocol.helpers import h2_fields
 
 REQUEST = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/v1/completions"), (b":authority", b"t")]
 MAX_STREAMS, MAX_HEADERS = SettingCodes.MAX_CONCURRENT_STREAMS, SettingCodes.MAX_HEADER_LIST_SIZE
@@ -48,9 +49,9 @@ def outcome(conn: h2.connection.H2Connection, data: bytes) -> tuple:
 
 def snapshot(conn: h2.connection.H2Connection, sid: int) -> tuple:
     stream = conn.streams[sid]
-    own: dict[str, Any] = {k: v for k, v in vars(stream).items() if k not in ("state_machine", "config")}
+    own: dict[str, Any] = {k: v for k, v in h2_fields(stream).items() if k not in ("state_machine", "config")}
     own["_inbound_window_manager"] = vars(own["_inbound_window_manager"])
-    return vars(stream.state_machine), own, stream.config is conn.config, conn.highest_inbound_stream_id
+    return h2_fields(stream.state_machine), own, stream.config is conn.config, conn.highest_inbound_stream_id
 
 
 def connections() -> tuple[h2.connection.H2Connection, h2.connection.H2Connection, h2.connection.H2Connection]:

@@ -26,13 +26,14 @@ import h2.config
 import h2.connection
 import pytest
 from h2.connection import ConnectionState
-from h2.stream import StreamState
+from h2.stream import H2Stream, H2StreamStateMachine, StreamState
 from hypothesis import given
 from hypothesis import strategies as st
 
 from llmsim.protocol.native.http2 import PURE_WRITE, Http2Handler, Http2Stream
 from llmsim.protocol.settings import ConnectionTracker, ProtocolSettings
 from llmsim.speedups import NATIVE
+from tests.protocol.helpers import h2_fields
 
 pytestmark = pytest.mark.skipif(NATIVE is None, reason="llmsim._speedups is not built (or LLMSIM_PURE=1)")
 
@@ -246,6 +247,40 @@ async def test_a_frame_that_fits_exactly_goes_at_once(limit: str) -> None:
     pair.both(fit)
     assert pair.write(TOKEN) == ("returned", True)
     assert pair.native.handler._frames == [data_frame(1, TOKEN)]  # (one item: the C write took it)
+
+
+def plain_h2_objects(side: Side, which: str) -> None:
+    """Make the stream, its state machine or the connection's state machine an object
+    of h2's own class (no slots), with the same fields: the C write must not read it by
+    offset, but hand the write to the pure one."""
+    conn = side.handler._h2
+    stream = conn.streams[1]
+    if which == "connection machine":
+        machine = h2.connection.H2ConnectionStateMachine()
+        machine.state = conn.state_machine.state
+        conn.state_machine = machine
+        return
+    plain_machine = H2StreamStateMachine.__new__(H2StreamStateMachine)
+    plain_machine.__dict__.update(h2_fields(stream.state_machine))
+    if which == "stream machine":
+        stream.state_machine = plain_machine
+        return
+    plain = H2Stream.__new__(H2Stream)
+    plain.__dict__.update(h2_fields(stream))
+    plain.state_machine = plain_machine
+    conn.streams[1] = side.stream.h2stream = plain
+
+
+@pytest.mark.parametrize("which", ["stream", "stream machine", "connection machine"])
+async def test_h2_objects_without_the_slots_go_to_the_pure_write(which: str) -> None:
+    pair = open_pair()
+    pair.both(lambda side: plain_h2_objects(side, which))
+    assert pair.write(TOKEN) == ("returned", True)
+    assert frames_taken(pair) == data_frame(1, TOKEN)
+    assert len(pair.native.handler._frames) == 2  # (header and payload: the pure write took it)
+    pair.outgoing()
+    assert pair.write(TOKEN) == ("returned", True)
+    assert pair.native.stream.h2stream.outbound_flow_control_window == 65535 - 2 * len(TOKEN)
 
 
 async def test_a_frame_larger_than_the_max_frame_size_buffers() -> None:
