@@ -41,7 +41,7 @@ run: $(VENV)/.installed
 
 # The per-token path has compiled twins (llmsim/speedups.py), on by default: the tests
 # that drive that path run once more on the pure-Python path (LLMSIM_PURE=1).
-PURE_TESTS := tests/engine tests/api/test_seeded_golden.py tests/api/chat/test_stream.py \
+PURE_TESTS := tests/engine tests/api/test_seeded_golden.py tests/api/chat/test_stream.py tests/api/test_generation.py \
 	tests/protocol/native/test_http2.py tests/protocol/native/test_http1_token_write.py \
 	tests/protocol/native/test_fastpath_handlers.py
 

@@ -1,17 +1,19 @@
 /* The C twin of StreamingSink.on_output (llmsim/api/generation.py): the sink every
  * streaming response's jobs report their tokens to, once per job and engine step.
  *
- * Taken in C: the token case, one token in the middle of a choice (start > 0,
- * stop == start + 1, job.state is JobState.DECODING) on a renderer with sse.PlainTokens.
- * The event opens[job.index] + escape(piece) + close is built in one allocation and
- * written with self._response.write(data) (any ResponseStream, Python or C); on False,
- * self._pause(job) (Python) and False.  Fields are read by slot offset: StreamingSink
+ * Taken in C: the token case, tokens in the middle of a choice (start > 0,
+ * stop > start, job.state is JobState.DECODING) on a renderer with sse.PlainTokens.
+ * One token's event opens[job.index] + escape(piece) + close is built in one
+ * allocation; several tokens' (a late step hands out every token due) are
+ * opens + (close + opens).join(escape_all(pieces)) + close, as _token_events makes
+ * them.  The data is written with self._response.write(data) (any ResponseStream,
+ * Python or C); on False, self._pause(job) (Python) and False.  Fields are read by slot offset: StreamingSink
  * has __slots__ and Job is attrs-slotted.  The escaped piece comes from sse's cache, the
  * dict behind sse.escaped_piece; on a miss sse.escape(text) is called (it fills the
  * cache), as the Python twin does.
  *
- * Handed to Python: every other call (the first or last token of a choice, several
- * tokens, an ended sink, an unexpected type, an unset field, keyword arguments) goes to
+ * Handed to Python: every other call (the first or last token of a choice, more than
+ * MAX_RUN tokens, an ended sink, an unexpected type, an unset field, keyword arguments) goes to
  * the pure twin, generation.PURE_ON_OUTPUT, before anything observable happened.  An
  * Exception raised once the event is being built (escape, write, its truth value,
  * _pause) is handled as the twin's `except Exception as error:` handles it:
@@ -31,7 +33,7 @@ static PyObject *pure_on_output; /* generation.PURE_ON_OUTPUT */
 static Py_ssize_t ended_offset, opens_offset, close_offset, response_offset; /* StreamingSink */
 static Py_ssize_t state_offset, output_offset, index_offset;                 /* Job */
 
-static PyObject *write_name, *pause_name, *rendering_failed_name; /* interned */
+static PyObject *write_name, *pause_name, *rendering_failed_name, *join_name; /* interned */
 
 #define METHOD_ARGS(n) ((n) | PY_VECTORCALL_ARGUMENTS_OFFSET)
 
@@ -65,16 +67,34 @@ sequence_item(PyObject *items, Py_ssize_t index)
     return NULL;
 }
 
-/* The parts of a middle token's event (borrowed references). */
+/* The most tokens one call takes in C (more: the pure twin). */
+#define MAX_RUN 64
+
+/* The parts of the event(s) of middle tokens (borrowed references). */
 typedef struct {
     PyObject *open;     /* self._token_opens[job.index] */
     PyObject *text;     /* job.output[start] */
     PyObject *close;    /* self._token_close */
     PyObject *response; /* self._response */
+    PyObject *output;   /* job.output (an exact list or tuple) */
+    Py_ssize_t start, count; /* the tokens output[start:start + count] */
 } token_parts;
 
+/* Whether output[start:start + count] are all exact str (and within output). */
+static int
+all_text(PyObject *output, Py_ssize_t start, Py_ssize_t count)
+{
+    for (Py_ssize_t i = start; i < start + count; i++) {
+        PyObject *piece = sequence_item(output, i);
+        if (piece == NULL || !PyUnicode_CheckExact(piece)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* generation.py StreamingSink.on_output: `if opens is not None and start and
- * stop - start == 1 and job.state is _DECODING:`, and every field the branch reads, of
+ * stop > start and job.state is _DECODING:`, and every field the branch reads, of
  * the types the C path takes.  1 with ``parts`` filled, or 0: the pure twin's call.
  * Nothing here can raise or run Python code. */
 static int
@@ -84,8 +104,8 @@ token_case(PyObject *self, PyObject *job, PyObject *start, PyObject *stop, token
     if (opens == NULL || opens == Py_None || !Py_IS_TYPE(job, job_type)) {
         return 0;
     }
-    Py_ssize_t first = small_index(start);
-    if (first <= 0 || first == PY_SSIZE_T_MAX || small_index(stop) != first + 1) {
+    Py_ssize_t first = small_index(start), last = small_index(stop);
+    if (first <= 0 || last <= first || last - first > MAX_RUN) {
         return 0;
     }
     PyObject *state = LLMSIM_SLOT(job, state_offset);
@@ -94,11 +114,14 @@ token_case(PyObject *self, PyObject *job, PyObject *start, PyObject *stop, token
     if (state != decoding || output == NULL || index == NULL) {
         return 0;
     }
+    parts->output = output;
+    parts->start = first;
+    parts->count = last - first;
     parts->text = sequence_item(output, first);
     parts->open = sequence_item(opens, small_index(index));
     parts->close = LLMSIM_SLOT(self, close_offset);
     parts->response = LLMSIM_SLOT(self, response_offset);
-    return parts->text != NULL && PyUnicode_CheckExact(parts->text) && parts->open != NULL &&
+    return all_text(output, first, parts->count) && parts->open != NULL &&
            PyBytes_CheckExact(parts->open) && parts->close != NULL && PyBytes_CheckExact(parts->close) &&
            parts->response != NULL;
 }
@@ -155,6 +178,57 @@ token_event(token_parts *parts)
     PyObject *data = PyBytes_CheckExact(escaped) ? concat3(parts->open, escaped, parts->close)
                                                  : concat3_generic(parts->open, escaped, parts->close);
     Py_DECREF(escaped);
+    return data;
+}
+
+/* sse.escape_all's `cached(piece) or escape(piece)` for one piece: a new reference, or
+ * NULL with an exception. */
+static PyObject *
+escaped_or_escape(PyObject *piece)
+{
+    PyObject *cached = PyDict_GetItemWithError(escaped_cache, piece);
+    if (cached == NULL && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (cached != NULL) {
+        int truth = PyBytes_CheckExact(cached) ? PyBytes_GET_SIZE(cached) > 0 : PyObject_IsTrue(cached);
+        if (truth < 0) {
+            return NULL;
+        }
+        if (truth) {
+            return Py_NewRef(cached);
+        }
+    }
+    return PyObject_CallOneArg(escape_func, piece);
+}
+
+/* generation.py StreamingSink._token_events: opens + (close + opens).join(
+ * escape_all(output[start:stop])) + close.  A new reference, or NULL with an exception.
+ * (escape touches neither the sink nor the job: the parts stay valid.) */
+static PyObject *
+tokens_event(token_parts *parts)
+{
+    PyObject *pieces = PyList_New(parts->count);
+    if (pieces == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < parts->count; i++) {
+        PyObject *escaped = escaped_or_escape(sequence_item(parts->output, parts->start + i));
+        if (escaped == NULL) {
+            Py_DECREF(pieces);
+            return NULL;
+        }
+        PyList_SET_ITEM(pieces, i, escaped);
+    }
+    PyObject *joiner = PyNumber_Add(parts->close, parts->open);
+    PyObject *joined = joiner == NULL ? NULL : PyObject_CallMethodOneArg(joiner, join_name, pieces);
+    Py_XDECREF(joiner);
+    Py_DECREF(pieces);
+    if (joined == NULL) {
+        return NULL;
+    }
+    PyObject *data = concat3(parts->open, joined, parts->close); /* (bytes.join makes exact bytes) */
+    Py_DECREF(joined);
     return data;
 }
 
@@ -239,7 +313,7 @@ sink_on_output(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject
     if (ended != Py_False || !token_case(self, args[0], args[1], args[2], &parts)) {
         return llmsim_call_with_self(pure_on_output, self, args, nargs, kwnames);
     }
-    PyObject *data = token_event(&parts);
+    PyObject *data = parts.count == 1 ? token_event(&parts) : tokens_event(&parts);
     if (data == NULL) {
         return rendering_failed(self, args[0]);
     }
@@ -325,7 +399,8 @@ llmsim_sink_init(PyObject *module)
     write_name = PyUnicode_InternFromString("write");
     pause_name = PyUnicode_InternFromString("_pause");
     rendering_failed_name = PyUnicode_InternFromString("_rendering_failed");
-    if (write_name == NULL || pause_name == NULL || rendering_failed_name == NULL) {
+    join_name = PyUnicode_InternFromString("join");
+    if (write_name == NULL || pause_name == NULL || rendering_failed_name == NULL || join_name == NULL) {
         return -1;
     }
     return PyModule_AddFunctions(module, sink_functions);

@@ -37,7 +37,7 @@ from llmsim.api.errors import ApiError
 from llmsim.api.http import Headers, ResponseStream
 from llmsim.api.plan import GenerationPlan
 from llmsim.api.request_fields import check_n_limit
-from llmsim.api.sse import SSE_HEADERS, PlainTokens, escape, escape_cache, escaped_piece
+from llmsim.api.sse import SSE_HEADERS, PlainTokens, escape, escape_all, escape_cache, escaped_piece
 from llmsim.engine.errors import QueueFullError, QueueLimit
 from llmsim.engine.job import Job, JobSink, JobState, RequestGroup
 from llmsim.engine.scheduler import Engine
@@ -278,10 +278,13 @@ class StreamingSink:
             return True  # the stream already ended in error; the handler cancels the rest
         try:
             opens = self._token_opens
-            if opens is not None and start and stop - start == 1 and job.state is _DECODING:
-                text = job.output[start]
-                escaped = escaped_piece(text)
-                data = opens[job.index] + (escaped if escaped is not None else escape(text)) + self._token_close
+            if opens is not None and start and stop > start and job.state is _DECODING:
+                if stop - start == 1:
+                    text = job.output[start]
+                    escaped = escaped_piece(text)
+                    data = opens[job.index] + (escaped if escaped is not None else escape(text)) + self._token_close
+                else:
+                    data = self._token_events(opens[job.index], job.output, start, stop)
                 if self._response.write(data):
                     return True
                 self._pause(job)
@@ -297,6 +300,13 @@ class StreamingSink:
         except Exception as error:
             self._rendering_failed(job, error)
             return True
+
+    def _token_events(self, opens: bytes, output: Sequence[str], start: int, stop: int) -> bytes:
+        """Several tokens in the middle of a choice (a step that came late hands out every
+        token due since the last): one plain event each, ``opens + escape(piece) + close``,
+        as the renderer's own path for them makes them (one ``join``)."""
+        close = self._token_close
+        return opens + (close + opens).join(escape_all(output[start:stop])) + close
 
     def _rendering_failed(self, job: Job, error: Exception) -> None:
         """Never let a rendering bug escape into the engine task: it serves everyone.

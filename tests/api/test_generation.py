@@ -12,9 +12,11 @@ import trio
 from trio.testing import MockClock
 
 from llmsim._version import __version__
+from llmsim.api.chat.render import ChatStreamRenderer
+from llmsim.api.completions.render import CompletionStreamRenderer
 from llmsim.api.context import Call
 from llmsim.api.errors import ApiError
-from llmsim.api.generation import CollectingSink, build_jobs, collect, stream
+from llmsim.api.generation import CollectingSink, StreamingSink, StreamRenderer, build_jobs, collect, stream
 from llmsim.api.http import HttpRequest
 from llmsim.api.plan import GenerationPlan, PromptPlan
 from llmsim.api.sse import PlainTokens
@@ -210,3 +212,30 @@ async def test_responses_and_messages_overflow_too(autojump_clock: MockClock) ->
     # Anthropic's envelope; vLLM maps 503 to overloaded_error (vllm/entrypoints/anthropic/protocol.py:34-43)
     assert messages.status == 503
     assert messages.json() == {"type": "error", "error": {"type": "overloaded_error", "message": OVERFLOW["message"]}}
+
+
+@pytest.mark.parametrize("kind", ["chat", "completions"])
+def test_several_middle_tokens_in_one_call_are_what_the_renderer_makes_of_them(kind: str) -> None:
+    """A step that came late hands a choice every token due: the sink writes their plain
+    events itself (``StreamingSink._token_events``), the very bytes of ``render``."""
+
+    def renderer() -> StreamRenderer:
+        if kind == "chat":
+            return ChatStreamRenderer(response_id="chatcmpl-1", created=1, model="m", choices=1, include_usage=False)
+        return CompletionStreamRenderer(
+            response_id="cmpl-1", created=1, model="m", choices=1, choices_per_prompt=1, include_usage=False
+        )
+
+    pieces = ("a", 'say "hi"', "\n", "", "é", "b", "c")
+    response = FakeResponse(lambda: 0.0)
+    response.start(200, [])
+    sink = StreamingSink(response, renderer(), 1, lambda job: None)
+    job = Job(prompt_token_ids=(1,), output=pieces, finish_reason="stop", sink=sink, request_id="1")
+    reference = renderer()
+    expected = []
+    job.state = JobState.DECODING
+    for start, stop in ((0, 1), (1, 5), (5, 6)):
+        assert sink.on_output(job, start, stop, 0.0)
+        expected.append(reference.render(job, start, stop))
+    assert [data for _, data in response.writes] == expected
+    assert expected[1].count(b"data: ") == 4

@@ -99,6 +99,9 @@ class EveryToken(ChatStreamRenderer):
         return None
 
 
+MAX_RUN = 64  # the most middle tokens one call of the C twin takes (native/sink.c)
+
+
 def new_sink(response: Any, renderer: StreamRenderer, job_count: int) -> StreamingSink:
     return StreamingSink(response, renderer, job_count, lambda job: None)
 
@@ -142,8 +145,8 @@ def run(
 ) -> tuple[list[Any], int, int]:
     """Drive one sink as the engine does: each step hands ``count`` tokens of choice
     ``choice`` (the last call of a choice FINISHED).  The transcript of everything
-    observable, the pure twin's frames, and how many calls the C twin takes itself (a
-    middle token, or any call once the sink ended)."""
+    observable, the pure twin's frames, and how many calls the C twin takes itself
+    (middle tokens, one or several, or any call once the sink ended)."""
     sse.escape_cache.clear()  # both runs start from the same cache
     response = RecordingResponse(answers)
     sink = new_sink(response, renderer(len(plans)), len(plans))
@@ -161,7 +164,7 @@ def run(
                 start, stop = job.emitted, min(job.emitted + count, len(job.output))
                 job.emitted = stop
                 job.state = JobState.FINISHED if stop == len(job.output) else JobState.DECODING
-                middle = start > 0 and stop - start == 1 and job.state is JobState.DECODING
+                middle = start > 0 and 0 < stop - start <= MAX_RUN and job.state is JobState.DECODING
                 taken += sink._ended or (middle and sink._token_opens is not None)
                 try:
                     result: object = on_output(sink, job, start, stop, 0.5)
@@ -220,6 +223,31 @@ def test_every_middle_token_is_written_by_the_c_twin(renderer: Callable[[int], S
     assert b'"said \\"hi\\""' in b"".join(call[-1] for call in writes)
     if renderer is chat:
         assert writes == every[-1][1]
+
+
+@pytest.mark.parametrize("renderer", [chat, completions])
+@pytest.mark.parametrize("count", [2, 3, 64])
+def test_several_middle_tokens_are_written_by_the_c_twin_as_render_makes_them(
+    renderer: Callable[[int], StreamRenderer], count: int
+) -> None:
+    """A late step hands a choice several tokens at once: one write of their plain
+    events, byte for byte what the renderer's own path (``render``) makes of them."""
+    plan = ("a", *ESCAPES, *(f"t{i}" for i in range(70)), "z")
+    script = [(0, 1), (0, count), (0, 2), (0, len(plan))]
+    native = check_twins_agree(renderer, [plan], script)
+    writes = [call[-1] for call in native[-1][1]]
+    sink = new_sink(RecordingResponse(), renderer(1), 1)
+    job = decoding(sink, plan)
+    sink._renderer.render(job, 0, 1)  # (the first: chat's role chunk goes with it)
+    assert writes[1] == sink._renderer.render(job, 1, 1 + count)  # (job DECODING: a middle run)
+    assert writes[2] == sink._renderer.render(job, 1 + count, 3 + count)
+
+
+def test_more_tokens_than_the_c_twin_takes_go_to_the_pure_twin() -> None:
+    """Over MAX_RUN tokens in one call (a stream paused for long): the pure twin writes them."""
+    plan = tuple(f"t{i}" for i in range(80))
+    _, frames, taken = run(NATIVE_ON_OUTPUT, chat, [plan], [(0, 1), (0, 65), (0, 2)])
+    assert (frames, taken) == (2, 1)  # the first token and the 65; the 2 in C
 
 
 def test_a_miss_is_escaped_by_sse_escape_and_cached_if_short() -> None:
