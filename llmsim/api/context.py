@@ -8,7 +8,7 @@ import random
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from hashlib import sha512
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import attrs
 import orjson
@@ -26,7 +26,9 @@ if TYPE_CHECKING:  # a family's state, reached through the context; the family i
     from llmsim.api.admin import AdminControl, SleepState
     from llmsim.api.responses.store import ResponseStore
 
-__all__ = ["ApiContext", "Call", "request_adapter", "seeded_random"]
+__all__ = ["ApiContext", "BodyCache", "Call", "request_adapter", "seeded_random"]
+
+T = TypeVar("T")
 
 #: Every digit to ``0``, every other byte to a space: a body holds a run of 19 digits
 #: (where orjson may turn an integer into a float) iff its translation holds 19 zeros.
@@ -72,6 +74,9 @@ class ApiContext:
     injected_faults: InjectedFaults = attrs.field(factory=InjectedFaults, init=False)
     #: ``model.system_fingerprint``, hashed once (the model options never change).
     system_fingerprint: str = attrs.field(init=False)
+    #: Request bodies parsed lately (:meth:`Call.parsed`), per server: what a route
+    #: derives from a body may depend on the server's tokenizer.
+    bodies: BodyCache = attrs.field(init=False, factory=lambda: BodyCache())
 
     def __attrs_post_init__(self) -> None:
         self.system_fingerprint = self.model.system_fingerprint
@@ -81,7 +86,7 @@ class ApiContext:
 
     def new_request_id(self) -> str:
         """16 hex characters, like vLLM's random_uuid(); reproducible under --seed."""
-        return f"{self._id_rng.getrandbits(64):016x}"
+        return "%016x" % self._id_rng.getrandbits(64)  # noqa: UP031 (the same text as f"{…:016x}", for less)
 
     def rng_for(self, request_id: str, index: int = 0) -> random.Random:
         """The text RNG of one choice: reproducible for the same seed and request id.
@@ -141,15 +146,21 @@ class Call:
     response: ResponseStream
     params: Mapping[str, str] = attrs.field(factory=dict)
 
+    def parsed(self, parse: Callable[[dict[str, Any]], T]) -> T:
+        """``parse(self.json())``, remembered per distinct body (:class:`BodyCache`):
+        ``parse`` must be a function of the decoded body alone, which either raises
+        (nothing is kept) or returns a value no one changes.  The content type is
+        checked on every call, as :meth:`json` checks it first."""
+        self._check_content_type()
+        return self.ctx.bodies.parsed(self.request.body, parse, self._decoded)
+
     def json(self) -> dict[str, Any]:
         """The body as a JSON object, or a 400 that says what is wrong with it."""
-        content_type = self.request.header("content-type") or ""
-        # vllm/entrypoints/serve/utils/api_utils.py:309-315: an absent header is refused too
-        if (
-            content_type != "application/json"  # the usual one needs no parsing
-            and content_type.split(";", 1)[0].strip().lower() != "application/json"
-        ):
-            raise request_validation_error(["Unsupported Media Type: Only 'application/json' is allowed"])
+        self._check_content_type()
+        return self._decoded()
+
+    def _decoded(self) -> dict[str, Any]:
+        """:meth:`json` once the content type passed."""
         if not self.request.body:  # FastAPI reads no body at all (fastapi/routing.py)
             raise request_validation_error(
                 [{"type": "missing", "loc": "body", "msg": "Field required", "input": "None"}], "body"
@@ -175,6 +186,15 @@ class Call:
             raise request_validation_error([error], "body")
         return value
 
+    def _check_content_type(self) -> None:
+        content_type = self.request.header("content-type") or ""
+        # vllm/entrypoints/serve/utils/api_utils.py:309-315: an absent header is refused too
+        if (
+            content_type != "application/json"  # the usual one needs no parsing
+            and content_type.split(";", 1)[0].strip().lower() != "application/json"
+        ):
+            raise request_validation_error(["Unsupported Media Type: Only 'application/json' is allowed"])
+
     def respond(self, status: int, body: bytes, headers: tuple[tuple[bytes, bytes], ...] = JSON_HEADERS) -> None:
         """A complete response with a Content-Length."""
         self.response.start(status, (*headers, (b"content-length", str(len(body)).encode())))
@@ -182,6 +202,43 @@ class Call:
 
     def respond_json(self, value: object, status: int = 200) -> None:
         self.respond(status, orjson.dumps(value))
+
+
+class BodyCache:
+    """Request bodies parsed lately, by parse function and exact body bytes.
+
+    A load test sends one body (or a few) over and over; decoding, structuring and
+    validating it (and what a route derives from the parsed body alone, such as its
+    prompt's token ids, which a route may memoize on the value it returns) gives the
+    same result every time.  Only a body that parsed is kept (an error is raised again
+    each time, and in order, by parsing again); bodies above ``LARGEST`` bytes are not
+    kept, and beyond ``KEPT`` entries the oldest is forgotten: a few MB at most.  A
+    miss costs a dict lookup (the body's hash) on top of the parsing.
+    """
+
+    __slots__ = ("_entries",)
+
+    KEPT = 128
+    LARGEST = 8192
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[Callable[[dict[str, Any]], object], bytes], object] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def parsed(self, body: bytes, parse: Callable[[dict[str, Any]], T], decode: Callable[[], dict[str, Any]]) -> T:
+        """``parse(decode())`` for ``body``, remembered (``decode`` reads ``body``)."""
+        key = (parse, body)
+        found = self._entries.get(key)
+        if found is not None:
+            return cast(T, found)
+        value = parse(decode())
+        if len(body) <= self.LARGEST:
+            if len(self._entries) >= self.KEPT:
+                del self._entries[next(iter(self._entries))]
+            self._entries[key] = value
+        return value
 
 
 def _json_invalid(body: bytes) -> ApiError:

@@ -49,8 +49,14 @@ def with_eos(ctx: ApiContext, turn: TurnPlan, cap: int) -> TurnPlan:
         return attrs.evolve(turn, finish_reason=FinishReason.LENGTH)
     eos = ctx.text.eos
     whole = None if turn.whole_tokens is None else (*turn.whole_tokens, "")
-    return attrs.evolve(
-        turn, pieces=_appended(turn.pieces, ""), token_ids=_appended(turn.token_ids, eos.token_id), whole_tokens=whole
+    # attrs.evolve(turn, pieces=…, token_ids=…, whole_tokens=…), made directly (evolve
+    # walks the class's fields first; this runs for most turns).  stop_reason is None here.
+    return TurnPlan(
+        pieces=_appended(turn.pieces, ""),
+        token_ids=_appended(turn.token_ids, eos.token_id),
+        finish_reason=turn.finish_reason,
+        blocks=turn.blocks,
+        whole_tokens=whole,
     )
 
 

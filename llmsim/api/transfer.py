@@ -87,8 +87,8 @@ class KvTransfer:
 
     @classmethod
     def of(cls, params: Mapping[str, Any] | None) -> KvTransfer:
-        if not params:
-            return cls()
+        if not params:  # the usual request: one shared (frozen) instance
+            return _NO_TRANSFER
         return cls(params.get("do_remote_decode") is True, params.get("do_remote_prefill") is True)
 
     def check_streaming(self, streaming: bool) -> None:
@@ -105,6 +105,9 @@ class KvTransfer:
     def response_params(self) -> dict[str, object] | None:
         """The answer's ``kv_transfer_params``: a prefill pod's placeholder, else None."""
         return prefill_transfer_params() if self.remote_decode else None
+
+
+_NO_TRANSFER = KvTransfer()
 
 
 def prefill_transfer_params() -> dict[str, object]:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import attrs
 
 from llmsim.engine.job import Job
 
-__all__ = ["CACHE_BLOCK_TOKENS", "ChunkUsage", "Usage", "UsageStyle"]
+__all__ = ["CACHE_BLOCK_TOKENS", "ChunkUsage", "Usage", "UsageStyle", "usage_style"]
 
 
 #: Tokens per KV-cache block: vLLM's default block size on GPUs (and ``--block-size``'s
@@ -29,6 +30,14 @@ class UsageStyle:
     prompt_details: bool
     created_cache_tokens: bool  # chat: True; completions: False
     block_size: int = CACHE_BLOCK_TOKENS  # --block-size: the blocks cache writes are counted in
+
+
+@functools.lru_cache(maxsize=16)
+def usage_style(prompt_details: bool, created_cache_tokens: bool, block_size: int = CACHE_BLOCK_TOKENS) -> UsageStyle:
+    """``UsageStyle(prompt_details, created_cache_tokens, block_size)``, made once per
+    distinct value (a server has one per family; the class is frozen, so shared): the
+    routes ask for it on every request, and a frozen attrs class costs several µs to make."""
+    return UsageStyle(prompt_details, created_cache_tokens, block_size)
 
 
 @attrs.frozen

@@ -80,3 +80,17 @@ def test_chunk_head_is_the_json_prefix_of_a_chunk(response_id: str, created: int
     assert head.startswith(
         b'data: {"id":' + orjson.dumps(response_id) + b',"object":"chat.completion.chunk","created":'
     )
+
+
+@given(st.text(), st.sampled_from([b'"chat.completion.chunk"', b'"text_completion"']), st.integers(0, 2**40), st.text())
+def test_chunk_head_is_its_json_prefix_whatever_it_remembers(
+    response_id: str, kind: bytes, created: int, model: str
+) -> None:
+    """The part after the id is remembered per kind, second and model (``_head_rest``):
+    each of them shows in the bytes."""
+    head = sse.chunk_head(response_id, kind, created, model)
+    assert head.startswith(b"data: ") and head.endswith(b",")
+    fields = orjson.loads(head[len(b"data: ") : -1] + b"}")
+    assert fields == {"id": response_id, "object": orjson.loads(kind), "created": created, "model": model}
+    assert list(fields) == ["id", "object", "created", "model"]
+    assert sse._head_rest.cache_info().maxsize == 64

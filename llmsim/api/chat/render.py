@@ -56,6 +56,7 @@ from llmsim.api.sse import (
     escape,
     escape_all,
     escape_uncached,
+    escaped_piece,
     fingerprint_field,
     json_bytes,
     usage_events,
@@ -93,6 +94,21 @@ _UNSERVED = (FinishReason.ABORT, FinishReason.CACHE_THRESHOLD)
 #: Chat's usage without --enable-prompt-tokens-details (the routes pass the server's).
 CHAT_USAGE = UsageStyle(prompt_details=False, created_cache_tokens=True)
 _FINISHED = JobState.FINISHED  # a module global: enum member lookups cost on the per-token path
+_ROLE_CHUNK_END = _ROLE_DELTA + _ROLE_CLOSE  # a role chunk after its choice head, without usage
+
+
+def _choice_index(i: int) -> bytes:
+    """``"choices":[{"index":<i>``: a chunk's choice, after its head."""
+    return b'"choices":[{"index":' + str(i).encode()
+
+
+_CHOICE_INDEXES = tuple(_choice_index(i) for i in range(16))  # made once: the usual n
+#: :meth:`ChatStreamRenderer._finish_tail` of a choice no stop string or token ended, per
+#: finish reason: made once rather than dumped twice at the end of every choice.
+_PLAIN_FINISH_TAILS = {
+    reason: _FINISH_OPEN + json_bytes(reason) + _STOP_REASON + b"null" + _FINISH_CLOSE
+    for reason in (FinishReason.STOP, FinishReason.LENGTH, FinishReason.TOOL_CALLS, *_UNSERVED)
+}
 
 
 @attrs.frozen
@@ -161,10 +177,11 @@ class ChatStreamRenderer:
         self._token_opens: list[bytes] = []
         self._token_joiners: list[bytes] = []
         for i in range(choices):
-            choice_head = head + b'"choices":[{"index":' + str(i).encode()
+            choice_head = head + (_CHOICE_INDEXES[i] if i < len(_CHOICE_INDEXES) else _choice_index(i))
+            token_open = choice_head + _CONTENT_OPEN
             self._choice_heads.append(choice_head)
-            self._token_opens.append(choice_head + _CONTENT_OPEN)
-            self._token_joiners.append(_TOKEN_CLOSE + choice_head + _CONTENT_OPEN)
+            self._token_opens.append(token_open)
+            self._token_joiners.append(_TOKEN_CLOSE + token_open)
         self._head = head
         self._include_usage = include_usage
         self._usage_style = usage_style
@@ -183,6 +200,8 @@ class ChatStreamRenderer:
     def _opening_chunks(self, echo: bytes | None, chunk_usage: ChunkUsage | None) -> bytes:
         """The role chunk of every choice, then (with ``echo``) the echoed prefix of every
         choice: what the request's first engine output sends before its tokens."""
+        if echo is None and chunk_usage is None and len(self._choice_heads) == 1:  # the usual request
+            return self._choice_heads[0] + _ROLE_CHUNK_END
         usage = b"" if chunk_usage is None else chunk_usage.render(0)
         chunks = [choice_head + _ROLE_DELTA + usage + _ROLE_CLOSE for choice_head in self._choice_heads]
         if echo is not None:
@@ -214,14 +233,18 @@ class ChatStreamRenderer:
         """Bare text chunks; a finished job's last one with its finish reason (a job
         with an empty plan still gets that one chunk, with empty content)."""
         index = job.index
-        pieces = escape_all(job.output[start:stop])
+        count = stop - start
+        if count == 1:  # a paced stream's first and last call: one piece, no list to join
+            text = job.output[start]
+            body = escaped_piece(text) or escape(text)  # b"" (an EOS) is cached too: escape() again
+        else:
+            body = self._token_joiners[index].join(escape_all(job.output[start:stop]))
         if job.state is not _FINISHED:
-            if not pieces:
+            if not count:
                 return b""
-            return self._token_opens[index] + self._token_joiners[index].join(pieces) + _TOKEN_CLOSE
+            return self._token_opens[index] + body + _TOKEN_CLOSE
         if not job.emitted and job.finish_reason in _UNSERVED:  # vLLM's bare DeltaMessage()
             return self._choice_heads[index] + _EMPTY_DELTA + b"null" + self._finish_tail(job) + self._finish_end
-        body = self._token_joiners[index].join(pieces)
         return self._token_opens[index] + body + _CONTENT_CLOSE + b"null" + self._finish_tail(job) + self._finish_end
 
     def _chunks(self, job: Job, start: int, stop: int) -> bytes:
@@ -256,6 +279,10 @@ class ChatStreamRenderer:
         reason and the stop string or token id that ended the choice (serving.py:796-809;
         none for an abort, which ends it before)."""
         stop_reason = None if self._stop_reasons is None else stop_reason_of_job(job, self._stop_reasons)
+        if stop_reason is None:
+            tail = _PLAIN_FINISH_TAILS.get(job.finish_reason)
+            if tail is not None:
+                return tail
         return _FINISH_OPEN + json_bytes(job.finish_reason) + _STOP_REASON + json_bytes(stop_reason) + _FINISH_CLOSE
 
     def plain_tokens(self) -> PlainTokens | None:

@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
+
+import attrs
 
 from llmsim.api.chat.render import ChatStreamRenderer, chat_completion_body
 from llmsim.api.chat.request import (
@@ -36,17 +39,34 @@ from llmsim.api.transfer import (
     job_threshold,
 )
 from llmsim.api.turns import TurnPlan
-from llmsim.api.usage import ChunkUsage, UsageStyle
+from llmsim.api.usage import ChunkUsage, usage_style
 from llmsim.engine.kv_hashing import MultimodalItem
 from llmsim.model.tools import NamedToolChoice, ToolSpec
 
 __all__ = ["chat_completions", "register"]
 
 
+@attrs.define(eq=False)
+class _ChatBody:
+    """A chat body as parsed (:meth:`~llmsim.api.context.Call.parsed` remembers it per
+    distinct body), and what the handler derives from it alone, kept here the first time
+    a request of that body gets that far (later ones skip it; errors keep their order)."""
+
+    fields: dict[str, Any]
+    request: ChatCompletionRequest
+    prompt_ids: tuple[int, ...] | None = None  # kept without a model template (see the route)
+    cap: int | None = None  # the output cap, once the body passed the checks that give it (likewise)
+    echo_text: str | None = None
+
+
+def _chat_body(fields: dict[str, Any]) -> _ChatBody:
+    return _ChatBody(fields, parse_chat_request(fields))
+
+
 async def chat_completions(call: Call) -> None:
     ctx = call.ctx
-    fields = call.json()
-    request = parse_chat_request(fields)
+    parsed = call.parsed(_chat_body)
+    fields, request = parsed.fields, parsed.request
     check_cache_hit_threshold(fields, request.cache_hit_threshold)
     check_injected_failure(call)  # X-Return-Error, --failure-injection-rate
     tools = tool_specs(request.tools)
@@ -59,7 +79,14 @@ async def chat_completions(call: Call) -> None:
     transfer = KvTransfer.of(request.kv_transfer_params)
     transfer.check_streaming(request.streaming)
     check_job_count(ctx, request.choices_per_prompt)
-    prompt_ids = request_prompt_ids(ctx.tokenizer, request)
+    # Kept for the body's later requests only without a model template, which may read the
+    # clock (strftime_now): the built-in rendering is a function of the body alone.
+    keep = ctx.tokenizer.chat_template is None
+    prompt_ids = parsed.prompt_ids
+    if prompt_ids is None:
+        prompt_ids = tuple(request_prompt_ids(ctx.tokenizer, request))
+        if keep:
+            parsed.prompt_ids = prompt_ids
     media_of = media_readers()
     # read once, with the render's checks (bad base64 is a 400, as when vLLM loads it)
     media_items = media_of.chat_media(request.messages)
@@ -67,14 +94,21 @@ async def chat_completions(call: Call) -> None:
     if media_items:
         media = media_of.kv_multimodal(ctx.tokenizer, chat_turns(request.messages, request.tools), media_items)
     max_tokens = request.requested_max_tokens
-    check_context_length(
-        ctx.model.max_model_len, len(prompt_ids), max_tokens, max_tokens_param=request.max_tokens_param
-    )
-    cap = output_cap(ctx, len(prompt_ids), max_tokens)
-    check_sampling_params(request, cap)  # SamplingParams, after the prompt (chat_completion/serving.py:350-380)
-    check_output_volume(ctx, (cap,), request.choices_per_prompt, (request.top_logprobs or 0) if request.logprobs else 0)
+    cap = parsed.cap
+    if cap is None:  # the body against the server's (fixed) model options: once per body
+        check_context_length(
+            ctx.model.max_model_len, len(prompt_ids), max_tokens, max_tokens_param=request.max_tokens_param
+        )
+        cap = output_cap(ctx, len(prompt_ids), max_tokens)
+        check_sampling_params(request, cap)  # SamplingParams, after the prompt (chat_completion/serving.py:350-380)
+        top_logprobs = (request.top_logprobs or 0) if request.logprobs else 0
+        check_output_volume(ctx, (cap,), request.choices_per_prompt, top_logprobs)
+        if keep:  # the cap depends on the prompt's length
+            parsed.cap = cap
     identity = RequestIdentity.of(call, "chatcmpl-", request.request_id)
-    echo_text = last_user_text(request.messages)
+    echo_text = parsed.echo_text
+    if echo_text is None:
+        echo_text = parsed.echo_text = last_user_text(request.messages)
     calling = bool(tools) and request.effective_tool_choice != "none"
     turns = _plan_turns(ctx, request, tools if calling else [], identity.request_id, prompt_ids, echo_text, structured)
     turns = transfer.finish(turns)
@@ -103,11 +137,8 @@ async def chat_completions(call: Call) -> None:
     refusal = refusal or token_id_refusal(request, ctx.tokenizer.vocab_size)
     created = int(ctx.wall_clock())
     echo = assistant_echo(request.messages) if request.echo else None
-    usage_style = UsageStyle(
-        prompt_details=ctx.model.enable_prompt_tokens_details,
-        created_cache_tokens=True,
-        block_size=ctx.engine.options.block_size,
-    )
+    # prompt details, created cache tokens (chat), block size: the server's, so made once
+    usage = usage_style(ctx.model.enable_prompt_tokens_details, True, ctx.engine.options.block_size)
     if request.streaming:
         renderer = ChatStreamRenderer(
             response_id=identity.response_id,
@@ -121,12 +152,12 @@ async def chat_completions(call: Call) -> None:
             logprobs=logprobs,
             chunk_usage=ChunkUsage(len(prompt_ids), with_details=True) if request.continuous_usage else None,
             fingerprint=ctx.system_fingerprint,
-            usage_style=usage_style,
+            usage_style=usage,
             stop_reasons=stop_reasons,
         )
         # Not held while the stream runs (memory per stream): the request, a dict class
         # of more fields than CPython shares keys for, takes ~1.6 KB.
-        del fields, request
+        del fields, request, parsed
         await stream(call, plan, renderer, identity.headers, refusal=refusal)
         return
     ec_params = chat_ec_transfer_params(ctx, media_items)
@@ -140,7 +171,7 @@ async def chat_completions(call: Call) -> None:
         tool_calls=tool_calls,
         logprobs=logprobs,
         fingerprint=ctx.system_fingerprint,
-        usage_style=usage_style,
+        usage_style=usage,
         forced_tool_calls=calling and request.effective_tool_choice != "auto",
         stop_reasons=stop_reasons,
         kv_transfer_params=transfer.response_params(),

@@ -45,6 +45,7 @@ from llmsim.api.sse import (
 )
 from llmsim.api.usage import ChunkUsage, Usage, UsageStyle
 from llmsim.engine.job import Job, JobState
+from llmsim.model.text import FinishReason
 
 __all__ = ["CompletionStreamRenderer", "completion_body"]
 
@@ -62,6 +63,12 @@ _TOKEN_CLOSE = _LOGPROBS_KEY + b"null" + _UNFINISHED + _CHOICE_CLOSE + _KV_END
 #: Completions' usage without --enable-prompt-tokens-details (the routes pass the server's).
 COMPLETION_USAGE = UsageStyle(prompt_details=False, created_cache_tokens=False)
 _FINISHED = JobState.FINISHED  # a module global: enum member lookups cost on the per-token path
+#: :meth:`CompletionStreamRenderer._finish_close` of a choice no stop string or token
+#: ended, per finish reason: made once rather than dumped twice at the end of every choice.
+_PLAIN_FINISH_CLOSES = {
+    reason: _REASON_KEY + json_bytes(reason) + _STOP_REASON + b"null" + _CHOICE_REST
+    for reason in (FinishReason.STOP, FinishReason.LENGTH, FinishReason.ABORT, FinishReason.CACHE_THRESHOLD)
+}
 
 
 class CompletionStreamRenderer:
@@ -174,6 +181,10 @@ class CompletionStreamRenderer:
         """A finished job's last chunk, from its finish reason (and the stop string or
         token id that ended it, serving.py:437-462; none after an abort) to the end of its choice."""
         stop_reason = None if self._stop_reasons is None else stop_reason_of_job(job, self._stop_reasons)
+        if stop_reason is None:
+            close = _PLAIN_FINISH_CLOSES.get(job.finish_reason)
+            if close is not None:
+                return close
         return _REASON_KEY + json_bytes(job.finish_reason) + _STOP_REASON + json_bytes(stop_reason) + _CHOICE_REST
 
     def plain_tokens(self) -> PlainTokens | None:

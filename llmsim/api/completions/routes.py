@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
+
+import attrs
 
 from llmsim.api.completions.render import CompletionStreamRenderer, completion_body
 from llmsim.api.completions.request import CompletionRequest, check_suffix, parse_completion_request
@@ -25,15 +28,32 @@ from llmsim.api.transfer import (
     forced_cache_threshold,
     job_threshold,
 )
-from llmsim.api.usage import ChunkUsage, UsageStyle
+from llmsim.api.usage import ChunkUsage, usage_style
 
 __all__ = ["completions", "register"]
 
 
+@attrs.define(eq=False)
+class _CompletionBody:
+    """A completions body as parsed (:meth:`~llmsim.api.context.Call.parsed` remembers it
+    per distinct body), and its prompts, kept here the first time a request of that body
+    gets that far (a function of the body and the server's tokenizer; errors keep their
+    order)."""
+
+    fields: dict[str, Any]
+    request: CompletionRequest
+    prompts: tuple[CompletionPrompt, ...] | None = None
+    caps: tuple[int, ...] | None = None  # each prompt's output cap, once the body passed its checks
+
+
+def _completion_body(fields: dict[str, Any]) -> _CompletionBody:
+    return _CompletionBody(fields, parse_completion_request(fields))
+
+
 async def completions(call: Call) -> None:
     ctx = call.ctx
-    fields = call.json()
-    request = parse_completion_request(fields)
+    parsed = call.parsed(_completion_body)
+    fields, request = parsed.fields, parsed.request
     check_cache_hit_threshold(fields, request.cache_hit_threshold)
     check_injected_failure(call)  # X-Return-Error, --failure-injection-rate
     model = ctx.resolve_model(request.model)
@@ -42,19 +62,17 @@ async def completions(call: Call) -> None:
     structured = structured_output(
         request.response_format, request.structured_outputs, count_param="structured_outputs"
     )
-    prompts = completion_prompts(request.prompt, ctx.tokenizer)
+    prompts = parsed.prompts
+    if prompts is None:  # a function of the body and the server's tokenizer
+        prompts = parsed.prompts = tuple(completion_prompts(request.prompt, ctx.tokenizer))
     check_job_count(ctx, len(prompts) * request.choices_per_prompt, n=request.choices_per_prompt)
-    check_suffix(request)
+    caps = parsed.caps
+    if caps is None:  # the body against the server's (fixed) model options: once per body
+        caps = parsed.caps = _checked_caps(ctx, request, prompts)
     max_tokens = request.requested_max_tokens
-    for prompt in prompts:
-        check_context_length(ctx.model.max_model_len, len(prompt.token_ids), max_tokens, prompt_is_text=prompt.is_text)
     prompt_only = request.echo_without_generation
     if prompt_only:  # vLLM generates one token, unseen (completion/protocol.py:393,416)
         max_tokens = 1
-    caps = [output_cap(ctx, len(prompt.token_ids), max_tokens) for prompt in prompts]
-    for cap in caps:  # SamplingParams per prompt, once every prompt passed (completion/serving.py:157-176)
-        check_sampling_params(request, cap)
-    check_output_volume(ctx, caps, request.choices_per_prompt, request.logprobs or 0)
     identity = RequestIdentity.of(call, "cmpl-", request.request_id)
     n = request.choices_per_prompt
     turns = plan_text_choices(
@@ -85,8 +103,13 @@ async def completions(call: Call) -> None:
     echo_prompts = [prompt.text for prompt in prompts] if request.echo else None
     logprobs, refusal = _logprobs(ctx, request, prompts, identity.request_id, [turn.token_texts for turn in turns])
     refusal = refusal or token_id_refusal(request, ctx.tokenizer.vocab_size)
-    usage_style = UsageStyle(prompt_details=ctx.model.enable_prompt_tokens_details, created_cache_tokens=False)
+    usage = usage_style(ctx.model.enable_prompt_tokens_details, False)  # the server's, so made once
     if request.streaming:
+        chunk_usages = (
+            [ChunkUsage(len(prompt.token_ids), with_details=False) for prompt in prompts]
+            if request.continuous_usage
+            else None
+        )
         renderer = CompletionStreamRenderer(
             response_id=identity.response_id,
             created=created,
@@ -97,11 +120,9 @@ async def completions(call: Call) -> None:
             echo_prompts=echo_prompts,
             prompt_only=prompt_only,
             logprobs=logprobs,
-            chunk_usages=[ChunkUsage(len(prompt.token_ids), with_details=False) for prompt in prompts]
-            if request.continuous_usage
-            else None,
+            chunk_usages=chunk_usages,
             fingerprint=ctx.system_fingerprint,
-            usage_style=usage_style,
+            usage_style=usage,
             stop_reasons=stop_reasons,
         )
         await stream(call, plan, renderer, identity.headers, refusal=refusal)
@@ -117,17 +138,33 @@ async def completions(call: Call) -> None:
         prompt_only=prompt_only,
         logprobs=logprobs,
         fingerprint=ctx.system_fingerprint,
-        usage_style=usage_style,
+        usage_style=usage,
         stop_reasons=stop_reasons,
         kv_transfer_params=transfer.response_params(),
     )
     call.respond(200, body, (*JSON_HEADERS, *identity.headers))
 
 
+def _checked_caps(ctx: ApiContext, request: CompletionRequest, prompts: Sequence[CompletionPrompt]) -> tuple[int, ...]:
+    """Each prompt's output cap, once the request passed the checks of its suffix, its
+    prompts' lengths and its sampling params against them, and its output volume."""
+    check_suffix(request)
+    max_tokens = request.requested_max_tokens
+    for prompt in prompts:
+        check_context_length(ctx.model.max_model_len, len(prompt.token_ids), max_tokens, prompt_is_text=prompt.is_text)
+    if request.echo_without_generation:  # one token, unseen (see the route)
+        max_tokens = 1
+    caps = tuple(output_cap(ctx, len(prompt.token_ids), max_tokens) for prompt in prompts)
+    for cap in caps:  # SamplingParams per prompt, once every prompt passed (completion/serving.py:157-176)
+        check_sampling_params(request, cap)
+    check_output_volume(ctx, caps, request.choices_per_prompt, request.logprobs or 0)
+    return caps
+
+
 def _logprobs(
     ctx: ApiContext,
     request: CompletionRequest,
-    prompts: list[CompletionPrompt],
+    prompts: Sequence[CompletionPrompt],
     request_id: str,
     texts: list[Sequence[str]],
 ) -> tuple[CompletionLogprobs | None, ApiError | None]:

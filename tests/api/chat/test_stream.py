@@ -433,3 +433,13 @@ def test_the_sinks_token_path_writes_what_render_returns(choices: int) -> None:
     )
     assert bodies[0] == bodies[1]
     assert bodies[0].count(b'"delta":{"content":') >= choices * (len(PIECES) - 2)
+
+
+def test_the_plain_finish_tails_made_once_are_the_ones_dumped() -> None:
+    """A finishing chunk's tail without a stop reason is looked up per finish reason
+    (``_PLAIN_FINISH_TAILS``): the same bytes as dumping both values."""
+    from llmsim.api.chat import render
+
+    assert set(render._PLAIN_FINISH_TAILS) >= {"stop", "length", "tool_calls", "abort", "cache_threshold"}
+    for reason, tail in render._PLAIN_FINISH_TAILS.items():
+        assert tail == b',"finish_reason":' + orjson.dumps(reason) + b',"stop_reason":null' + render._FINISH_CLOSE

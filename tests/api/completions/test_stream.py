@@ -299,3 +299,13 @@ def test_prompt_tokens_details_in_the_body_with_the_flag() -> None:
         "created_cache_tokens": None,
         "multimodal_tokens": None,
     }
+
+
+def test_the_plain_finish_closes_made_once_are_the_ones_dumped() -> None:
+    """A finishing chunk's close without a stop reason is looked up per finish reason
+    (``_PLAIN_FINISH_CLOSES``): the same bytes as dumping both values."""
+    from llmsim.api.completions import render
+
+    assert set(render._PLAIN_FINISH_CLOSES) >= {"stop", "length", "abort", "cache_threshold"}
+    for reason, close in render._PLAIN_FINISH_CLOSES.items():
+        assert close == b',"finish_reason":' + orjson.dumps(reason) + b',"stop_reason":null' + render._CHOICE_REST

@@ -1,0 +1,152 @@
+"""Parsed request bodies remembered per distinct body (``llmsim.api.context.BodyCache``,
+``Call.parsed``), and the chat and completions routes that memoize on them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from llmsim.api.context import BodyCache
+from llmsim.api.errors import ApiError
+from llmsim.api.http import HttpRequest
+from tests.api.fakes import FakeResponse, post, running, sse_payloads
+from tests.model.hf_dir import build_tokenizer_dir
+
+CHAT = {"messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 3}
+
+
+class Parser:
+    """A parse function that counts its calls and fails on ``{"fail": true}``."""
+
+    def __init__(self, tag: str = "") -> None:
+        self.calls = 0
+        self.tag = tag
+
+    def __call__(self, fields: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        self.calls += 1
+        if fields.get("fail"):
+            raise ApiError(400, "refused")
+        return self.tag, fields
+
+
+def parse_with(cache: BodyCache, parse: Parser, body: bytes) -> object:
+    return cache.parsed(body, parse, lambda: orjson.loads(body))
+
+
+def test_a_body_is_parsed_once_per_parse_function_and_exact_bytes() -> None:
+    cache, chat, completions = BodyCache(), Parser("chat"), Parser("completions")
+    first = parse_with(cache, chat, b'{"a": 1}')
+    assert parse_with(cache, chat, b'{"a": 1}') is first
+    assert chat.calls == 1
+    assert parse_with(cache, chat, b'{"a": 2}') == ("chat", {"a": 2})  # one byte apart: its own entry
+    assert parse_with(cache, chat, b'{"a":1}') == ("chat", {"a": 1})  # the same JSON, other bytes
+    assert chat.calls == 3
+    assert parse_with(cache, completions, b'{"a": 1}') == ("completions", {"a": 1})  # keyed by the parser too
+    assert completions.calls == 1
+
+
+def test_a_body_that_fails_to_parse_is_not_kept() -> None:
+    cache, parse = BodyCache(), Parser()
+    for calls in (1, 2):
+        with pytest.raises(ApiError):
+            parse_with(cache, parse, b'{"fail": true}')
+        assert parse.calls == calls
+    assert len(cache) == 0
+
+
+def test_the_cache_is_bounded_oldest_first_and_skips_large_bodies() -> None:
+    cache, parse = BodyCache(), Parser()
+    bodies = [orjson.dumps({"i": i}) for i in range(BodyCache.KEPT + 5)]
+    for body in bodies:
+        parse_with(cache, parse, body)
+    assert len(cache) == BodyCache.KEPT
+    parse_with(cache, parse, bodies[-1])  # kept
+    assert parse.calls == len(bodies)
+    parse_with(cache, parse, bodies[0])  # forgotten: parsed again
+    assert parse.calls == len(bodies) + 1
+    large = orjson.dumps({"text": "x" * BodyCache.LARGEST})
+    parse_with(cache, parse, large)
+    parse_with(cache, parse, large)
+    assert parse.calls == len(bodies) + 3
+
+
+async def test_a_remembered_body_still_has_its_content_type_checked() -> None:
+    async with running() as sim:
+        assert (await post(sim, "/v1/chat/completions", CHAT)).status == 200
+        request = HttpRequest(
+            "POST", "/v1/chat/completions", headers=((b"content-type", b"text/plain"),), body=orjson.dumps(CHAT)
+        )
+        response = FakeResponse()
+        await sim.app.handle(request, response)
+        assert response.status == 400
+        assert "Unsupported Media Type" in response.json()["error"]["message"]
+
+
+async def test_the_same_body_gets_its_own_text_per_request_id() -> None:
+    """The parse is shared, the plan is not: each request's text comes from its own RNG."""
+    async with running() as sim:
+        texts = set()
+        for request_id in ("a", "b", "a"):
+            body = {**CHAT, "max_tokens": 30, "ignore_eos": True, "request_id": request_id}
+            response = await post(sim, "/v1/chat/completions", body)
+            texts.add((request_id, response.json()["choices"][0]["message"]["content"]))
+        assert len(texts) == 2  # "a" twice gives the same text, "b" another
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", CHAT),
+        ("/v1/completions", {"prompt": "Hello there", "max_tokens": 3}),
+    ],
+)
+async def test_prompt_tokens_of_a_remembered_body_are_the_servers_own(
+    tmp_path: Path, path: str, body: dict[str, Any]
+) -> None:
+    """What a route keeps with a parsed body (its prompt's token ids) depends on the
+    tokenizer: each server has its own cache, so another tokenizer counts afresh."""
+    counts = []
+    for config in ({}, {"tokenizer": str(build_tokenizer_dir(tmp_path / "llama"))}):
+        async with running(**config) as sim:
+            for _ in range(2):  # the second request hits the cache
+                response = await post(sim, path, {**body, "stream": True, "stream_options": {"include_usage": True}})
+                counts.append(sse_payloads(response.body)[-2]["usage"]["prompt_tokens"])
+    assert counts[0] == counts[1] and counts[2] == counts[3]
+    assert counts[0] != counts[2]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {**CHAT, "max_tokens": 40}),
+        ("/v1/completions", {"prompt": "Hello there", "max_tokens": 40}),
+    ],
+)
+async def test_checks_passed_once_per_body_are_the_servers_own(path: str, body: dict[str, Any]) -> None:
+    """The output cap a route keeps with a parsed body once its checks passed holds for
+    its server only: a server with a smaller context window refuses the same body, every
+    time, and the first keeps answering it."""
+    async with running() as roomy, running(max_model_len=32) as tight:
+        for _ in range(2):
+            assert (await post(roomy, path, body)).status == 200
+            response = await post(tight, path, body)
+            assert response.status == 400, response.body
+            assert "max_model_len" in response.body.decode() or "context length" in response.body.decode()
+
+
+async def test_prompt_ids_of_a_model_template_are_made_afresh(tmp_path: Path) -> None:
+    """A model's chat template may read the clock (``strftime_now``): its prompt ids, and
+    the output cap that depends on their count, are not kept with the body."""
+    async with running(tokenizer=str(build_tokenizer_dir(tmp_path / "llama"))) as sim:
+        for _ in range(2):
+            assert (await post(sim, "/v1/chat/completions", CHAT)).status == 200
+        kept = list(sim.ctx.bodies._entries.values())
+    assert len(kept) == 1
+    assert kept[0].prompt_ids is None and kept[0].cap is None  # type: ignore[attr-defined]
+    async with running() as sim:
+        assert (await post(sim, "/v1/chat/completions", CHAT)).status == 200
+        kept = list(sim.ctx.bodies._entries.values())
+    assert kept[0].prompt_ids is not None and kept[0].cap is not None  # type: ignore[attr-defined]
