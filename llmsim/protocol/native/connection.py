@@ -56,6 +56,11 @@ def _direct_socket(transport: trio.abc.Stream) -> socket.socket | None:
     return raw if isinstance(raw, socket.socket) and not raw.getblocking() else None
 
 
+def _not_serving(fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+    """``Connection.spawn`` before the connection serves: no handler can ask yet."""
+    raise AssertionError("a task spawned before the connection serves")
+
+
 class ConnectionPhase(enum.Enum):
     """Where a connection is in its life; it only moves forward (down this list)."""
 
@@ -119,6 +124,9 @@ class Connection:
     _transport: trio.abc.Stream | None = attrs.field(default=None, init=False)  # the stream after TLS, if any
     _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
+    #: Transport.spawn: the nursery's own ``start_soon`` once the connection serves (a
+    #: request's task is spawned without a call of ours in between).
+    spawn: Callable[..., None] = attrs.field(default=_not_serving, init=False)
     _writer_lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot, init=False)
     _dirty: bool = attrs.field(default=False, init=False)  # the handler has output the writer has not taken
     _direct: socket.socket | None = attrs.field(default=None, init=False)  # see _direct_socket
@@ -218,10 +226,6 @@ class Connection:
         if handler.finished:
             self._writer_lot.unpark_all()  # the writer sees it and ends
 
-    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
-        assert self._nursery is not None
-        self._nursery.start_soon(fn, *args)
-
     def set_read_deadline(self, deadline: float) -> None:
         if deadline == self._read_deadline:
             return  # (every new HTTP/2 stream says inf: setting a scope's deadline is not free)
@@ -255,6 +259,7 @@ class Connection:
         assert self._transport is not None  # set by _negotiate
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            self.spawn = nursery.start_soon
             self._direct = _direct_socket(self._transport)
             if self.phase is _NEGOTIATING:  # (not if shutdown began as the handshake ended)
                 self.phase = _OPEN
@@ -295,26 +300,46 @@ class Connection:
         return await sniff(tls, tls_possible=False)
 
     async def _read_loop(self) -> None:
+        """Read until the peer closes, a read deadline ends the connection, or it is
+        cancelled.  One cancel scope holds the read deadline across reads, until that
+        deadline passes or reading is paused (making, entering and leaving one costs
+        ~47,000 instructions, per read that was): ``set_read_deadline`` moves it."""
         assert self._transport is not None and self.handler is not None
         try:
             while True:
                 while not self._reading_allowed:
                     await self._resume_reading.wait()
-                with trio.CancelScope(deadline=self._read_deadline) as self._read_scope:
-                    data = await self._receive()
-                if self._read_scope.cancelled_caught:
+                closed = False
+                with trio.CancelScope(deadline=self._read_deadline) as scope:
+                    self._read_scope = scope
+                    closed = await self._read_until_paused(scope)
+                if closed:
+                    return
+                if scope.cancelled_caught:
                     keep_reading = self.handler.read_timed_out()
                     self.wake_writer()
                     if not keep_reading:
                         return
-                    continue
-                if not data:
-                    self._peer_closed()
-                    return
-                self.handler.receive(data)
         finally:
             self._read_scope = None
             self._reader_done.set()
+
+    async def _read_until_paused(self, scope: trio.CancelScope) -> bool:
+        """Hand every chunk received to the handler while reading is allowed; True once
+        the peer closed."""
+        assert self.handler is not None
+        while self._reading_allowed:
+            # A deadline already past cancels the read at once, as entering a new scope
+            # with it would (trio itself would only see it on its next scheduling pass).
+            deadline = self._read_deadline
+            if deadline != math.inf and deadline <= trio.current_time():
+                scope.cancel()
+            data = await self._receive()
+            if not data:
+                self._peer_closed()
+                return True
+            self.handler.receive(data)
+        return False
 
     async def _receive(self) -> bytes:
         assert self._transport is not None

@@ -144,13 +144,29 @@ class FrameGuard:
                 return 0, error
             offset = min(need + self._skip, size)
             self._skip -= offset - need
+        unpack, max_frame, max_block = _HEADER.unpack_from, self.max_frame_size, self.max_block_size
         while offset + _HEADER.size <= size:
-            error = self._frame(data, offset, now)
-            if error is not None:
-                return offset, error
+            high, low, kind, flags, _ = unpack(data, offset)
+            length = high << 8 | low
+            # The two frames of an ordinary request, as _frame accounts them, without its
+            # call: DATA that is not empty or ends its stream (nothing to count), and a
+            # header block whole in one HEADERS frame within the limit (none open: it
+            # opens and closes at once).  Everything else goes through _frame.
+            if length <= max_frame and (
+                (kind == _DATA and (length or flags & _END_STREAM))
+                or (kind == _HEADERS and flags & _END_HEADERS and length <= max_block and self._block < 0)
+            ):
+                self._kind = kind
+            else:
+                error = self._frame(data, offset, now)
+                if error is not None:
+                    return offset, error
+                length = self._skip
             start = offset + _HEADER.size
-            offset = min(start + self._skip, size)
-            self._skip -= offset - start
+            offset = start + length
+            if offset > size:
+                offset = size
+            self._skip = length - (offset - start)
         if offset < size:
             self._partial = data[offset:]
         return self._settle(size, now)

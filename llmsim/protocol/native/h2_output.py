@@ -20,7 +20,7 @@ import h2.exceptions
 import trio
 from h2.errors import ErrorCodes
 
-from llmsim.api.http import ENDED_STATES, ResponseState
+from llmsim.api.http import CLOSED_STATES, ENDED_STATES, NOT_STARTED_STATES, ResponseState
 from llmsim.protocol.native.base import Transport
 from llmsim.protocol.native.h2_fastpath import (
     ServerConnection,
@@ -115,7 +115,7 @@ class Http2Output:
                 stream.buffered = 0
                 if stream.drained_callbacks:
                     sent.append(stream)
-            elif not stream.state.closed:
+            elif stream.state not in CLOSED_STATES:
                 self._send(stream, out)
         if h2conn._data_to_send:
             out.append(h2conn.data_to_send())
@@ -130,18 +130,20 @@ class Http2Output:
             out.append(self._h2.data_to_send())
 
     def _send_frames(self, stream: Http2Stream, out: list[bytes]) -> None:
+        # (The ``head_pending``, ``started`` and ``ended`` properties, read off the state
+        # directly: this runs once or more per response.)
         h2conn = self._h2
-        sid = stream.stream_id
-        if stream.head_pending:
-            if self._send_head(stream, out):
-                self._done(stream, out)
-                return
-            stream.h2stream = sendable_stream(h2conn, sid)
+        state = stream.state
+        head_pending = not stream._head_sent and state not in NOT_STARTED_STATES
+        if head_pending and self._send_head(stream, out):
+            self._done(stream, out)
+            return
         if stream.drained_callbacks:
             self._sent.append(stream)  # flushed() may wake its producer (or a fault waiting for the head)
-        if not stream.buffered and not stream.state.ended:
+        if not stream.buffered and state not in ENDED_STATES:
             return
-        h2stream = sendable_stream(h2conn, sid)
+        # (Just after its head, _send_head found the stream h2 holds: nothing changed it since.)
+        h2stream = stream.h2stream if head_pending else sendable_stream(h2conn, stream.stream_id)
         if h2stream is None:
             self._send_through_h2(stream, out)  # raises what h2 raises for this state
             return
@@ -151,12 +153,15 @@ class Http2Output:
                 self._wait_for_window(stream)
                 return
             data = stream.take(window)
-            end = stream.state.ended and not stream.buffered
+            end = state in ENDED_STATES and not stream.buffered
             send_data(out, h2conn, h2stream, data, end and not stream.trailers)
             if stream.buffered:
                 self._wait_for_window(stream)
             elif end:
-                self._end(stream, out)
+                if stream.trailers:
+                    self._end(stream, out)
+                else:  # (what _end does then, without its call: the usual end of a response)
+                    self._done(stream, out)
         elif stream.trailers:  # ended, everything sent: the trailers end it (not flow-controlled)
             self._end(stream, out)
         elif stream_window(h2stream) < 0:
@@ -170,17 +175,24 @@ class Http2Output:
 
     def _send_head(self, stream: Http2Stream, out: list[bytes]) -> bool:
         """Send ``stream``'s HEADERS (by hand, or through h2 where h2 would do more than
-        send them); return whether they ended the stream."""
+        send them); return whether they ended the stream.  If they did not, the
+        stream's ``h2stream`` is h2's stream as :func:`sendable_stream` now finds it."""
         h2conn = self._h2
         status, headers = stream.take_head()
         end = stream.state in ENDED_STATES and not stream.buffered and not stream.trailers
         h2stream = sendable_stream(h2conn, stream.stream_id)
-        if h2stream is None or (b"%d" % status).startswith(b"1"):  # 1xx: h2's informational path
+        # 1xx: h2's informational path.  (A status from 200 to 999 cannot start with a 1:
+        # the usual head is told without formatting its status.)
+        if h2stream is None or (not 200 <= status < 1000 and (b"%d" % status).startswith(b"1")):
             fields = response_headers(status, headers)
             h2conn.send_headers(stream.stream_id, fields, end_stream=end)  # raises what h2 raises here
             out.append(h2conn.data_to_send())
+            if not end:
+                stream.h2stream = sendable_stream(h2conn, stream.stream_id)
         else:
             send_response_head(out, h2conn, h2stream, status, headers, end)
+            if not end:
+                stream.h2stream = h2stream  # (the head leaves its state as it was: still sendable)
         return end
 
     def _send_through_h2(self, stream: Http2Stream, out: list[bytes]) -> None:

@@ -179,15 +179,16 @@ class Http2Handler(Http2Output):
             self._refuse_body(stream)
 
     def _on_data(self, event: h2.events.DataReceived) -> None:
-        sid = event.stream_id
-        assert sid is not None and event.flow_controlled_length is not None and event.data is not None
-        self._h2.acknowledge_received_data(event.flow_controlled_length, sid)
+        sid, data, length = event.stream_id, event.data, event.flow_controlled_length
+        assert sid is not None and length is not None and data is not None
+        self._h2.acknowledge_received_data(length, sid)
         stream = self._streams.get(sid)
         if stream is None or stream.state not in NOT_STARTED_STATES:
             return  # refused, or already answered
-        stream.body.append(event.data)
-        stream.body_size += len(event.data)
-        self._body_bytes += len(event.data)
+        stream.body.append(data)
+        size = len(data)
+        stream.body_size += size
+        self._body_bytes += size
         limit = self._t.settings.max_body_bytes
         if stream.body_size > limit or self._body_bytes > limit * 4:
             self._refuse_body(stream)
@@ -276,16 +277,24 @@ class Http2Handler(Http2Output):
         )
         self._streams[stream_id] = stream
         stream.received_at = received_at
-        self._receiving.add(stream, received_at)
+        # (self._receiving.add(stream, received_at), inlined: a new stream's clock never runs yet.)
+        receiving = self._receiving
+        stream.deadline = received_at + receiving.timeout
+        receiving.streams[stream_id] = stream
         self._t.tracker.stream_opened()
         return stream
 
     def _start_handler(self, stream: Http2Stream) -> None:
-        assert stream.request is not None
         head, body = stream.request, stream.body
+        assert head is not None
         # Always a request of its own: the head may be a remembered block's, shared.
         request = with_body(head, b"".join(body) if body else head.body, stream.received_at)
-        self._release(stream)
+        # (self._release(stream), inlined: the head is there, so its clock may run.)
+        stream.request = None
+        self._receiving.streams.pop(stream.stream_id, None)
+        if body:
+            self._body_bytes -= stream.body_size
+            stream.body = []
         self._starting.append((stream, request))
 
     def _start_handlers(self) -> None:

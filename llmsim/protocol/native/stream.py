@@ -20,7 +20,7 @@ from typing import Protocol, Self, TypeVar
 
 import attrs
 
-from llmsim.api.http import Application, HttpRequest, ResponseState
+from llmsim.api.http import CLOSED_STATES, Application, HttpRequest, ResponseState
 from llmsim.faults import FAULT_HEADER
 from llmsim.protocol.native.faulty import FaultInjection, run_with_faults
 from llmsim.protocol.native.handling import fail_if_unended, handler_failed
@@ -122,7 +122,7 @@ async def run_handler(
     :func:`.faulty.run_with_faults` instead.  A request whose stream was reset before
     its task ran never reaches the application (the handler would run up to its first
     checkpoint: parsing, tokenizing, planning and queueing, for a client long gone)."""
-    if stream.state.closed:
+    if stream.state in CLOSED_STATES:  # (state.closed, without the property's call)
         return
     header = None
     for name, value in request.headers:  # (a loop: a generator costs more, per request)
