@@ -20,7 +20,7 @@ import h2.exceptions
 import trio
 from h2.errors import ErrorCodes
 
-from llmsim.api.http import CLOSED_STATES, ENDED_STATES, NOT_STARTED_STATES, ResponseState
+from llmsim.api.http import CLOSED_STATES, ENDED_STATES, ResponseState
 from llmsim.protocol.native.base import Transport
 from llmsim.protocol.native.h2_fastpath import (
     ServerConnection,
@@ -130,11 +130,10 @@ class Http2Output:
             out.append(self._h2.data_to_send())
 
     def _send_frames(self, stream: Http2Stream, out: list[bytes]) -> None:
-        # (The ``head_pending``, ``started`` and ``ended`` properties, read off the state
-        # directly: this runs once or more per response.)
+        # (``ended`` read off the state directly: this runs once or more per response.)
         h2conn = self._h2
         state = stream.state
-        head_pending = not stream._head_sent and state not in NOT_STARTED_STATES
+        head_pending = stream.head_pending
         if head_pending and self._send_head(stream, out):
             self._done(stream, out)
             return
