@@ -229,29 +229,20 @@ def plan_text_choices(
                 continue
             index = prompt_index * choices_per_prompt + k
             rng = ctx.rng_for(request_id, index)
-            if structured is not None:
-                turn = plan_structured(
-                    ctx,
-                    rng,
-                    structured,
-                    prompt_tokens=prompt_tokens,
-                    cap=cap,
-                    ignore_eos=ignore_eos,
-                    echo_text=echo_text,
-                )
-            else:  # plan_answer's free text, called directly: one call less per choice
-                turn = plan_text(
-                    ctx,
-                    rng,
-                    prompt_tokens=prompt_tokens,
-                    max_tokens=max_tokens,
-                    ignore_eos=ignore_eos,
-                    echo_text=echo_text,
-                    min_tokens=min_tokens,
-                    prompt_ids=prompt_ids[prompt_index] if prompt_ids else (),
-                    # rng is dropped after this: a long text may be drawn as it is read
-                    lazy=functools.partial(ctx.rng_for, request_id, index) if cap > EAGER_UP_TO else None,
-                )
+            turn = plan_answer(
+                ctx,
+                rng,
+                structured,
+                prompt_tokens=prompt_tokens,
+                max_tokens=max_tokens,
+                cap=cap,
+                ignore_eos=ignore_eos,
+                echo_text=echo_text,
+                min_tokens=min_tokens,
+                prompt_ids=prompt_ids[prompt_index] if prompt_ids else (),
+                # rng is dropped after this: a long text may be drawn as it is read
+                lazy=functools.partial(ctx.rng_for, request_id, index) if cap > EAGER_UP_TO else None,
+            )
             turns.append(finish_turn(ctx, turn, cap, stop))
     return turns
 
