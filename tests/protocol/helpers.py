@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -376,3 +376,33 @@ def h2_fields(obj: object) -> dict[str, Any]:
             if hasattr(obj, name):
                 fields[name] = getattr(obj, name)
     return fields
+
+
+@attrs.define(eq=False)
+class RecordingTransport:
+    """A protocol handler's transport that only records: its wake-ups and spawns in
+    ``calls`` (a wake-up raises once ``fail_wake``), and the arguments of the handler
+    tasks it is asked to spawn, which never run, in ``spawned`` (the test drives the
+    responses itself)."""
+
+    settings: ProtocolSettings = attrs.field(factory=ProtocolSettings)
+    app: Any = None
+    tracker: ConnectionTracker = attrs.field(factory=ConnectionTracker)
+    scheme: str = "http"
+    shutting_down: bool = False
+    congested: bool = False
+    calls: list[str] = attrs.field(factory=list)
+    spawned: list[tuple[Any, ...]] = attrs.field(factory=list)
+    fail_wake: bool = False
+
+    def wake_writer(self) -> None:
+        self.calls.append("wake")
+        if self.fail_wake:
+            raise RuntimeError("the writer is gone")
+
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        self.calls.append("spawn")
+        self.spawned.append(args)
+
+    def set_read_deadline(self, deadline: float) -> None:
+        pass

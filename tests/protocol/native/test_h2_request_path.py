@@ -6,10 +6,8 @@ is the nursery's ``start_soon`` while the connection serves."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-import attrs
 import h2.config
 import h2.connection
 import pytest
@@ -20,7 +18,7 @@ from llmsim.protocol.native import h2_output
 from llmsim.protocol.native.connection import Connection
 from llmsim.protocol.native.http2 import Http2Handler, Http2Stream
 from llmsim.protocol.settings import ConnectionTracker, ProtocolSettings
-from tests.protocol.helpers import H2Client, TestApp, open_memory_connection, settings
+from tests.protocol.helpers import H2Client, RecordingTransport, TestApp, open_memory_connection, settings
 
 SSE = [(b"content-type", b"text/event-stream")]
 
@@ -44,35 +42,14 @@ async def test_a_request_whose_body_is_complete_is_not_reset_at_the_body_read_ti
     assert app.log == ["start /hold", "end /hold"]
 
 
-@attrs.define(eq=False)
-class Wire:
-    """A transport that keeps the streams it is asked to run handlers for."""
-
-    settings: ProtocolSettings = attrs.field(factory=ProtocolSettings)
-    app: Any = None
-    tracker: ConnectionTracker = attrs.field(factory=ConnectionTracker)
-    scheme: str = "http"
-    shutting_down: bool = False
-    congested: bool = False
-    streams: list[Http2Stream] = attrs.field(factory=list)
-
-    def wake_writer(self) -> None:
-        pass
-
-    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
-        self.streams.append(args[2])
-
-    def set_read_deadline(self, deadline: float) -> None:
-        pass
-
-
-def opened_stream(handler: Http2Handler, wire: Wire) -> Http2Stream:
+def opened_stream(handler: Http2Handler, wire: RecordingTransport) -> Http2Stream:
     client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
     client.initiate_connection()
     head = [(b":method", b"GET"), (b":path", b"/x"), (b":scheme", b"http"), (b":authority", b"x")]
     client.send_headers(1, head, end_stream=True)
     handler.receive(client.data_to_send())
-    [stream] = wire.streams
+    [arguments] = wire.spawned  # run_handler(app, request, stream, faults)
+    stream: Http2Stream = arguments[2]
     return stream
 
 
@@ -80,7 +57,7 @@ def opened_stream(handler: Http2Handler, wire: Wire) -> Http2Stream:
 async def test_the_head_leaves_h2s_stream_for_the_per_token_write(body: bytes) -> None:
     """Once the head is sent, the next write is framed at once into the next batch
     (``Http2Stream.write``), as it was when the head's batch looked the stream up again."""
-    wire = Wire()
+    wire = RecordingTransport()
     handler = Http2Handler(wire)
     stream = opened_stream(handler, wire)
     stream.start(200, SSE)
@@ -108,7 +85,7 @@ async def test_the_informational_path_is_taken_for_a_status_that_starts_with_a_1
         send(*args)
 
     monkeypatch.setattr(h2_output, "send_response_head", record)
-    wire = Wire()
+    wire = RecordingTransport()
     handler = Http2Handler(wire)
     stream = opened_stream(handler, wire)
     stream.start(status, SSE)

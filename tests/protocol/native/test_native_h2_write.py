@@ -18,7 +18,7 @@ from __future__ import annotations
 import gc
 import sys
 import tracemalloc
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -31,9 +31,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmsim.protocol.native.http2 import PURE_WRITE, Http2Handler, Http2Stream
-from llmsim.protocol.settings import ConnectionTracker, ProtocolSettings
+from llmsim.protocol.settings import ProtocolSettings
 from llmsim.speedups import NATIVE
-from tests.protocol.helpers import h2_fields
+from tests.protocol.helpers import RecordingTransport, h2_fields
 
 pytestmark = pytest.mark.skipif(NATIVE is None, reason="llmsim._speedups is not built (or LLMSIM_PURE=1)")
 
@@ -43,30 +43,7 @@ TOKEN = b'data: {"choices":[{"delta":{"content":" token"}}]}\n\n'
 UNCOMPARED = {"host", "cancel_scope", "h2stream", "request", "received_at", "deadline"}
 
 
-@attrs.define(eq=False)
-class Wire:
-    """The transport: records wake-ups (and the handler tasks it is asked to spawn,
-    which never run: the test drives the response itself)."""
-
-    settings: ProtocolSettings = attrs.field(factory=ProtocolSettings)
-    app: Any = None
-    tracker: ConnectionTracker = attrs.field(factory=ConnectionTracker)
-    scheme: str = "http"
-    shutting_down: bool = False
-    congested: bool = False
-    calls: list[str] = attrs.field(factory=list)
-    fail_wake: bool = False
-
-    def wake_writer(self) -> None:
-        self.calls.append("wake")
-        if self.fail_wake:
-            raise RuntimeError("the writer is gone")
-
-    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
-        self.calls.append("spawn")
-
-    def set_read_deadline(self, deadline: float) -> None:
-        pass
+Wire = RecordingTransport  # (its handler tasks never run: the test drives the response itself)
 
 
 def client_bytes(method: str, sid: int, end_request: bool, settings: dict[int, int]) -> bytes:
