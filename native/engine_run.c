@@ -672,7 +672,7 @@ job_offsets(PyObject *cls)
                                         "deadline", "sink"};
     Py_ssize_t *const offsets[] = {&off_slot, &off_paused, &off_emitted, &off_state, &off_last_token_time,
                                    &off_output, &off_deadline, &off_sink};
-    return llmsim_slot_offsets(cls, names, offsets, sizeof(names) / sizeof(names[0]));
+    return llmsim_slot_offsets(cls, names, offsets, LLMSIM_COUNT(names));
 }
 
 /* install_engine_run(Engine, Job, pure_run, PREFILL, DECODING, READY) */
@@ -707,10 +707,7 @@ static PyMethodDef functions[] = {
 int
 llmsim_engine_init(PyObject *module)
 {
-    static const struct {
-        PyObject **target;
-        const char *text;
-    } names[] = {
+    static const llmsim_name names[] = {
         {&str_latency, "_latency"},
         {&str_fixed_itl, "fixed_itl"},
         {&str_metrics, "metrics"},
@@ -728,10 +725,8 @@ llmsim_engine_init(PyObject *module)
         {&str_on_output, "on_output"},
         {&str_append, "append"},
     };
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-        if (*names[i].target == NULL && (*names[i].target = PyUnicode_InternFromString(names[i].text)) == NULL) {
-            return -1;
-        }
+    if (llmsim_intern_names(names, LLMSIM_COUNT(names)) < 0) {
+        return -1;
     }
     return PyModule_AddFunctions(module, functions);
 }

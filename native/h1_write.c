@@ -215,9 +215,8 @@ static PyMethodDef functions[] = {
 int
 llmsim_h1_init(PyObject *module)
 {
-    s_congested = PyUnicode_InternFromString("congested");
-    s_wake_writer = PyUnicode_InternFromString("wake_writer");
-    if (s_congested == NULL || s_wake_writer == NULL) {
+    static const llmsim_name names[] = {{&s_congested, "congested"}, {&s_wake_writer, "wake_writer"}};
+    if (llmsim_intern_names(names, LLMSIM_COUNT(names)) < 0) {
         return -1;
     }
     return PyModule_AddFunctions(module, functions);

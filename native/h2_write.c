@@ -406,18 +406,11 @@ static PyMethodDef h2_functions[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static int
-intern(PyObject **name, const char *text)
-{
-    *name = PyUnicode_InternFromString(text);
-    return *name == NULL ? -1 : 0;
-}
-
 int
 llmsim_h2_init(PyObject *module)
 {
-    if (intern(&s_t, "_t") < 0 || intern(&s_congested, "congested") < 0
-        || intern(&s_wake_writer, "wake_writer") < 0) {
+    static const llmsim_name names[] = {{&s_t, "_t"}, {&s_congested, "congested"}, {&s_wake_writer, "wake_writer"}};
+    if (llmsim_intern_names(names, LLMSIM_COUNT(names)) < 0) {
         return -1;
     }
     return PyModule_AddFunctions(module, h2_functions);

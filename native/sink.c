@@ -396,11 +396,13 @@ static PyMethodDef sink_functions[] = {
 int
 llmsim_sink_init(PyObject *module)
 {
-    write_name = PyUnicode_InternFromString("write");
-    pause_name = PyUnicode_InternFromString("_pause");
-    rendering_failed_name = PyUnicode_InternFromString("_rendering_failed");
-    join_name = PyUnicode_InternFromString("join");
-    if (write_name == NULL || pause_name == NULL || rendering_failed_name == NULL || join_name == NULL) {
+    static const llmsim_name names[] = {
+        {&write_name, "write"},
+        {&pause_name, "_pause"},
+        {&rendering_failed_name, "_rendering_failed"},
+        {&join_name, "join"},
+    };
+    if (llmsim_intern_names(names, LLMSIM_COUNT(names)) < 0) {
         return -1;
     }
     return PyModule_AddFunctions(module, sink_functions);

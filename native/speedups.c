@@ -24,6 +24,17 @@ llmsim_slot_offset(PyObject *cls, const char *name)
 }
 
 int
+llmsim_intern_names(const llmsim_name *names, size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        if (*names[i].name == NULL && (*names[i].name = PyUnicode_InternFromString(names[i].text)) == NULL) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int
 llmsim_slot_offsets(PyObject *cls, const char *const *names, Py_ssize_t *const *offsets, size_t count)
 {
     Py_ssize_t found[LLMSIM_MAX_SLOTS];

@@ -38,6 +38,17 @@ Py_ssize_t llmsim_slot_offset(PyObject *cls, const char *name);
 #define LLMSIM_MAX_SLOTS 16
 int llmsim_slot_offsets(PyObject *cls, const char *const *names, Py_ssize_t *const *offsets, size_t count);
 
+/* An attribute name a part calls or reads by, interned once at module init. */
+typedef struct {
+    PyObject **name; /* where the interned string goes */
+    const char *text;
+} llmsim_name;
+
+/* Intern ``count`` names (each one still unset); 0, or -1 with an exception. */
+int llmsim_intern_names(const llmsim_name *names, size_t count);
+
+#define LLMSIM_COUNT(array) (sizeof(array) / sizeof((array)[0]))
+
 /* Make ``def`` a method of the class ``cls`` (a method descriptor, as a method of a
  * C type is: called without a bound-method object); 0, or -1 with an exception. */
 int llmsim_install_method(PyObject *cls, PyMethodDef *def);
