@@ -66,13 +66,12 @@ async def completions(call: Call) -> None:
     if prompts is None:  # a function of the body and the server's tokenizer
         prompts = parsed.prompts = tuple(completion_prompts(request.prompt, ctx.tokenizer))
     check_job_count(ctx, len(prompts) * request.choices_per_prompt, n=request.choices_per_prompt)
+    prompt_only = request.echo_without_generation
+    # vLLM generates one token, unseen, for an echo without generation (completion/protocol.py:393,416)
+    max_tokens = 1 if prompt_only else request.requested_max_tokens
     caps = parsed.caps
     if caps is None:  # the body against the server's (fixed) model options: once per body
-        caps = parsed.caps = _checked_caps(ctx, request, prompts)
-    max_tokens = request.requested_max_tokens
-    prompt_only = request.echo_without_generation
-    if prompt_only:  # vLLM generates one token, unseen (completion/protocol.py:393,416)
-        max_tokens = 1
+        caps = parsed.caps = _checked_caps(ctx, request, prompts, max_tokens)
     identity = RequestIdentity.of(call, "cmpl-", request.request_id)
     n = request.choices_per_prompt
     turns = plan_text_choices(
@@ -145,15 +144,18 @@ async def completions(call: Call) -> None:
     call.respond(200, body, (*JSON_HEADERS, *identity.headers))
 
 
-def _checked_caps(ctx: ApiContext, request: CompletionRequest, prompts: Sequence[CompletionPrompt]) -> tuple[int, ...]:
-    """Each prompt's output cap, once the request passed the checks of its suffix, its
-    prompts' lengths and its sampling params against them, and its output volume."""
+def _checked_caps(
+    ctx: ApiContext, request: CompletionRequest, prompts: Sequence[CompletionPrompt], max_tokens: int | None
+) -> tuple[int, ...]:
+    """Each prompt's output cap for ``max_tokens`` (the route's: 1 for an echo without
+    generation), once the request passed the checks of its suffix, its prompts' lengths
+    (against the ``max_tokens`` it asked for) and its sampling params against the caps, and
+    its output volume."""
     check_suffix(request)
-    max_tokens = request.requested_max_tokens
     for prompt in prompts:
-        check_context_length(ctx.model.max_model_len, len(prompt.token_ids), max_tokens, prompt_is_text=prompt.is_text)
-    if request.echo_without_generation:  # one token, unseen (see the route)
-        max_tokens = 1
+        check_context_length(
+            ctx.model.max_model_len, len(prompt.token_ids), request.requested_max_tokens, prompt_is_text=prompt.is_text
+        )
     caps = tuple(output_cap(ctx, len(prompt.token_ids), max_tokens) for prompt in prompts)
     for cap in caps:  # SamplingParams per prompt, once every prompt passed (completion/serving.py:157-176)
         check_sampling_params(request, cap)
