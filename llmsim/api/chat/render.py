@@ -94,15 +94,7 @@ _UNSERVED = (FinishReason.ABORT, FinishReason.CACHE_THRESHOLD)
 #: Chat's usage without --enable-prompt-tokens-details (the routes pass the server's).
 CHAT_USAGE = UsageStyle(prompt_details=False, created_cache_tokens=True)
 _FINISHED = JobState.FINISHED  # a module global: enum member lookups cost on the per-token path
-_ROLE_CHUNK_END = _ROLE_DELTA + _ROLE_CLOSE  # a role chunk after its choice head, without usage
 
-
-def _choice_index(i: int) -> bytes:
-    """``"choices":[{"index":<i>``: a chunk's choice, after its head."""
-    return b'"choices":[{"index":' + str(i).encode()
-
-
-_CHOICE_INDEXES = tuple(_choice_index(i) for i in range(16))  # made once: the usual n
 #: :meth:`ChatStreamRenderer._finish_tail` of a choice no stop string or token ended, per
 #: finish reason: made once rather than dumped twice at the end of every choice.
 _PLAIN_FINISH_TAILS = {
@@ -177,7 +169,7 @@ class ChatStreamRenderer:
         self._token_opens: list[bytes] = []
         self._token_joiners: list[bytes] = []
         for i in range(choices):
-            choice_head = head + (_CHOICE_INDEXES[i] if i < len(_CHOICE_INDEXES) else _choice_index(i))
+            choice_head = head + b'"choices":[{"index":' + str(i).encode()
             token_open = choice_head + _CONTENT_OPEN
             self._choice_heads.append(choice_head)
             self._token_opens.append(token_open)
@@ -200,8 +192,6 @@ class ChatStreamRenderer:
     def _opening_chunks(self, echo: bytes | None, chunk_usage: ChunkUsage | None) -> bytes:
         """The role chunk of every choice, then (with ``echo``) the echoed prefix of every
         choice: what the request's first engine output sends before its tokens."""
-        if echo is None and chunk_usage is None and len(self._choice_heads) == 1:  # the usual request
-            return self._choice_heads[0] + _ROLE_CHUNK_END
         usage = b"" if chunk_usage is None else chunk_usage.render(0)
         chunks = [choice_head + _ROLE_DELTA + usage + _ROLE_CLOSE for choice_head in self._choice_heads]
         if echo is not None:
