@@ -277,10 +277,7 @@ class Http2Handler(Http2Output):
         )
         self._streams[stream_id] = stream
         stream.received_at = received_at
-        # (self._receiving.add(stream, received_at), inlined: a new stream's clock never runs yet.)
-        receiving = self._receiving
-        stream.deadline = received_at + receiving.timeout
-        receiving.streams[stream_id] = stream
+        self._receiving.add(stream, received_at)
         self._t.tracker.stream_opened()
         return stream
 
@@ -289,12 +286,7 @@ class Http2Handler(Http2Output):
         assert head is not None
         # Always a request of its own: the head may be a remembered block's, shared.
         request = with_body(head, b"".join(body) if body else head.body, stream.received_at)
-        # (self._release(stream), inlined: the head is there, so its clock may run.)
-        stream.request = None
-        self._receiving.streams.pop(stream.stream_id, None)
-        if body:
-            self._body_bytes -= stream.body_size
-            stream.body = []
+        self._release(stream)
         self._starting.append((stream, request))
 
     def _start_handlers(self) -> None:
