@@ -6,8 +6,8 @@ servers send them), so the server does almost no work per event and the client i
 bottleneck.  HTTP/1.1 and h2c with prior knowledge on the same port.
 
 With ``--ttft``/``--itl`` it paces instead: each stream's first token (with the role
-chunk) after TTFT, then one token per ITL, on llmsim's 2 ms step grid (never early,
-less than one grid interval late, ITLs exact).  One task for the whole server sends
+chunk) after TTFT, then one token per ITL, on llmsim's 2 ms step grid (each at the grid
+time nearest its deadline, as llmsim rounds: no bias on average; ITLs exact).  One task for the whole server sends
 every due event of a grid tick, one write per connection (:mod:`.pacer`).  That is an
 ideal simulated server at almost no CPU cost, rounding like llmsim, so it shows what
 latency the load generator itself adds and what llmsim adds on top of it.

@@ -4,9 +4,10 @@ The paced blaster is the reference that shows what the load generator and the ma
 add to latencies, so its own cost per event must be negligible and its rounding must be
 llmsim's.  Hence:
 
-* **llmsim's step grid.**  A token due at ``d`` leaves at the first grid time at or
-  after ``d`` (never early, less than one interval late), and each deadline is the
-  previous *deadline* plus the ITL, so the rounding never accumulates.  The interval is
+* **llmsim's step grid.**  A token due at ``d`` leaves at the grid time nearest ``d``
+  (at most half an interval early or late, zero on average: llmsim's rule,
+  :mod:`llmsim.engine.grid`; a time already past leaves at once), and each deadline is
+  the previous *deadline* plus the ITL, so the rounding never accumulates.  The interval is
   :data:`GRID` made to divide the ITL, exactly as llmsim's engine does with its
   ``STEP_QUANTUM``, so both servers round the same way and whatever llmsim adds on top
   of the blaster is its own cost.  Because the grid divides the ITL, token *i* of a
@@ -31,23 +32,20 @@ import os
 import attrs
 import trio
 
+from llmsim.engine.grid import GRID_SHIFT, step_grid
+
 __all__ = ["GRID", "Output", "Pace", "Pacer", "grid_interval"]
 
 #: Target grid interval (seconds), the same as ``llmsim.app.STEP_QUANTUM``; the interval
 #: actually used divides the ITL (see :func:`grid_interval`).
 GRID = 0.002
-#: A deadline this close below a grid time (in grid intervals) belongs to it: float sums
-#: of the ITL land a hair off the grid (llmsim's ``GRID_TOLERANCE``).
-_GRID_TOLERANCE = 1e-6
 
 
 def grid_interval(itl: float, target: float = GRID) -> float:
-    """The largest ``itl / k`` (k a positive integer) not above ``target``, or ``target``
-    without an ITL: llmsim's ``step_grid``, so that every token of a stream is late by
-    the same amount and the client sees the ITL exactly."""
-    if itl <= 0.0:
-        return target
-    return itl / max(1, math.ceil(itl / target - _GRID_TOLERANCE))
+    """llmsim's ``step_grid``: the largest ``itl / k`` (k a positive integer) not above
+    ``target``, or ``target`` without an ITL, so that every token of a stream lands the
+    same distance from its deadline and the client sees the ITL exactly."""
+    return step_grid(itl, target)
 
 
 @attrs.frozen
@@ -170,7 +168,7 @@ class Pacer:
         and the closing events); with ``count`` 1 the first one is the whole response.
         """
         deadline = trio.current_time() + self._ttft
-        tick = math.ceil(deadline / self._grid - _GRID_TOLERANCE)
+        tick = math.ceil(deadline / self._grid - GRID_SHIFT)  # the nearest grid time
         self._bucket(tick).setdefault(output, []).append(_Stream(groups, count))
         if tick == self._ticks[0]:
             self._wake.set()  # maybe earlier than the tick the pacer sleeps until
