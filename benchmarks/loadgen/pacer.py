@@ -28,11 +28,13 @@ from __future__ import annotations
 import heapq
 import math
 import os
+from collections.abc import Callable
 
 import attrs
 import trio
 
 from llmsim.engine.grid import GRID_SHIFT, step_grid
+from llmsim.step_timer import StepTimer
 
 __all__ = ["GRID", "Output", "Pace", "Pacer", "grid_interval"]
 
@@ -155,6 +157,7 @@ class Pacer:
         self._wheel: dict[int, _Bucket] = {}
         self._ticks: list[int] = []  # heap of the wheel's keys
         self._wake = trio.Event()
+        self._wake_up: Callable[[], None] = self._wake.set  # ends the current sleep (see run)
 
     @property
     def grid(self) -> float:
@@ -171,18 +174,39 @@ class Pacer:
         tick = math.ceil(deadline / self._grid - GRID_SHIFT)  # the nearest grid time
         self._bucket(tick).setdefault(output, []).append(_Stream(groups, count))
         if tick == self._ticks[0]:
-            self._wake.set()  # maybe earlier than the tick the pacer sleeps until
+            self._wake_up()  # maybe earlier than the tick the pacer sleeps until
 
     async def run(self) -> None:
         """Sleep until the next grid tick with due streams (or a new earlier one), send
         what is due, repeat.  Forever.  One pass of trio's scheduler per tick: the wait
-        is the checkpoint, even when the pacer is behind and the tick is already due."""
-        ticks = self._ticks
+        is the checkpoint, even when the pacer is behind and the tick is already due.
+
+        It sleeps as llmsim's engine task does: on a Linux timerfd
+        (:class:`llmsim.step_timer.StepTimer`) where there is one, since trio's own
+        deadline wakes up to a millisecond late (``epoll_wait`` rounds its timeout up),
+        which would bias the floor; on trio's deadline elsewhere and on a test's clock."""
+        timer = StepTimer.open()
+        if timer is None:
+            await self._run_on_deadlines()
+            return
+        self._wake_up = timer.fire_now  # (between sleeps: no effect, the next sleep re-arms)
+        try:
+            while True:
+                await timer.sleep_until(self._next_time())
+                self._send_due(trio.current_time())
+        finally:
+            timer.close()
+
+    async def _run_on_deadlines(self) -> None:
         while True:
             self._wake = trio.Event()
-            with trio.move_on_at(ticks[0] * self._grid if ticks else math.inf):
+            self._wake_up = self._wake.set
+            with trio.move_on_at(self._next_time()):
                 await self._wake.wait()
             self._send_due(trio.current_time())
+
+    def _next_time(self) -> float:
+        return self._ticks[0] * self._grid if self._ticks else math.inf
 
     def _bucket(self, tick: int) -> _Bucket:
         bucket = self._wheel.get(tick)

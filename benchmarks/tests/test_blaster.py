@@ -312,3 +312,31 @@ async def test_a_late_pacer_catches_up_on_the_original_schedule(mock_clock: trio
         mock_clock.jump(2e-6)  # token 4's grid time, not one ITL after the catch-up
         assert await _available(client) == middle
         nursery.cancel_scope.cancel()
+
+
+async def test_on_the_real_clock_the_pacer_sleeps_on_a_timerfd_never_before_the_grid() -> None:
+    """Off a test clock the pacer sleeps on llmsim's StepTimer (where Linux has one):
+    each group still leaves no earlier than its nearest grid time, and a stream added
+    while the pacer sleeps with nothing due wakes it (``fire_now``)."""
+    pace = Pace(0.006, 0.004)
+    pacer = Pacer(pace)
+    first, middle, last = groups = Responses().h1_paced(4)
+    output, client = _pair()
+    arrivals: list[tuple[float, int]] = []
+    expected = len(first) + 2 * len(middle) + len(last)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pacer.run)
+            await trio.testing.wait_all_tasks_blocked()  # the pacer sleeps: nothing is due
+            start = trio.current_time()
+            pacer.add(output, groups, 4)
+            received = 0
+            while received < expected:
+                received += len(await client.receive_some())
+                arrivals.append((trio.current_time(), received))
+            nursery.cancel_scope.cancel()
+    grid = pacer.grid
+    for index, boundary in enumerate(itertools.accumulate((len(first), len(middle), len(middle), len(last)))):
+        deadline = start + pace.ttft + index * pace.itl
+        arrived = next(time for time, count in arrivals if count >= boundary)
+        assert arrived >= round(deadline / grid) * grid - EPSILON, f"group {index} left before its grid time"
