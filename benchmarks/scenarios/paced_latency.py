@@ -6,8 +6,10 @@
 * **Low-load bias**: HTTP/1.1, one worker process, 10-token chats (short, so that one
   stream gives many TTFT samples), ITL 20 ms: TTFT 50 ms with 1 and 8 concurrent streams,
   and TTFT 100 ms with 1 stream.  Median TTFT and ITL error against the configuration
-  and against the blaster (which rounds onto llmsim's 2 ms step grid: TTFT +1 ms on
-  average by design).
+  and against the blaster (which rounds onto llmsim's 2 ms step grid as llmsim does,
+  to the nearest grid time), and the same loads once more through the lean client
+  (:mod:`benchmarks.loadgen.lean`: blocking sockets, what the issue's goal is about;
+  the load generator itself adds about 2.5 ms to a TTFT).
 
 Each server (llmsim of every source, the blaster) stays up through its part and the
 loads are interleaved across them, one round.
@@ -22,6 +24,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from benchmarks.loadgen.lean import lean_ttfts
 from benchmarks.loadgen.runner import LoadSpec
 from benchmarks.report import percent_error, print_table
 from benchmarks.scenarios import Options
@@ -67,9 +70,10 @@ def _relative(measured: float, reference: float) -> float:
 
 
 def _run_loads(
-    specs: list[ServerSpec], loads: list[dict[str, Any]], options: Options, ttft: float
+    specs: list[ServerSpec], loads: list[dict[str, Any]], options: Options, ttft: float, *, lean: bool = False
 ) -> list[dict[str, Any]]:
-    """Every load on every server (the blaster last in ``specs``), interleaved."""
+    """Every load on every server (the blaster last in ``specs``), interleaved; with
+    ``lean``, each load once more through the lean client (:mod:`benchmarks.loadgen.lean`)."""
     rows = []
     with ExitStack() as stack:
         servers = [stack.enter_context(running(spec, options.log_dir)) for spec in specs]
@@ -78,13 +82,14 @@ def _run_loads(
             for server in servers:
                 spec = LoadSpec(port=server.port, model=MODEL, **load)
                 result = measure(server, spec)
-                measured.append((server.spec.name, result))
-            *mine, (blaster_name, blaster) = measured
+                lean_p50 = _lean_p50(server.port, load) if lean else math.nan
+                measured.append((server.spec.name, result, lean_p50))
+            *mine, (blaster_name, blaster, blaster_lean) = measured
             reference = latency_row(blaster.summary, ttft, None)
-            for name, result in mine:
+            for name, result, lean_p50 in mine:
                 row = latency_row(result.summary, ttft, reference)
                 row.update(server=name, load=result.summary.label, server_busy=result.server_busy, ttft_configured=ttft)
-                rows.append(row)
+                rows.append(row | _lean_row(lean_p50, ttft, blaster_lean))
             rows.append(
                 {
                     **reference,
@@ -93,8 +98,24 @@ def _run_loads(
                     "server_busy": blaster.server_busy,
                     "ttft_configured": ttft,
                 }
+                | _lean_row(blaster_lean, ttft, math.nan)
             )
     return rows
+
+
+def _lean_p50(port: int, load: dict[str, Any]) -> float:
+    streams, duration, tokens = load["connections"], load["duration"], load["max_tokens"]
+    return lean_ttfts(port, model=MODEL, streams=streams, duration=duration, max_tokens=tokens).p50
+
+
+def _lean_row(p50: float, ttft: float, reference: float) -> dict[str, float]:
+    """The lean client's median TTFT, its error against the configuration and against
+    the blaster's (NaN where not measured)."""
+    return {
+        "lean_ttft_p50": p50,
+        "lean_ttft_p50_error_percent": percent_error(p50, ttft),
+        "lean_ttft_p50_vs_blaster_percent": _relative(p50, reference),
+    }
 
 
 #: (name, source checkout, TTFT seconds) -> llmsim paced at that TTFT and :data:`ITL`
@@ -129,7 +150,7 @@ def run_parts(
         ]
         if ttft == FIDELITY_TTFT:
             fidelity = _run_loads(specs, [fidelity_load], options, ttft)
-        low += _run_loads(specs, loads, options, ttft)
+        low += _run_loads(specs, loads, options, ttft, lean=True)
     return {"fidelity_2000": fidelity, "low_load": low}
 
 
@@ -192,6 +213,9 @@ def print_tables(latency: dict[str, list[dict[str, Any]]]) -> None:
             "ITL p50 ms",
             "err ms",
             "errors",
+            "lean TTFT p50",
+            "err %",
+            "vs blaster %",
         ],
         [
             [
@@ -206,6 +230,9 @@ def print_tables(latency: dict[str, list[dict[str, Any]]]) -> None:
                 r["itl_p50"] * 1000,
                 r["itl_p50_error_ms"],
                 r["errors"],
+                r.get("lean_ttft_p50", math.nan) * 1000,
+                r.get("lean_ttft_p50_error_percent", math.nan),
+                r.get("lean_ttft_p50_vs_blaster_percent", math.nan),
             ]
             for r in latency["low_load"]
         ],
