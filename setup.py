@@ -11,7 +11,10 @@ setup(
     ext_modules=[
         Extension(
             "llmsim._speedups",
-            sources=[f"native/{name}.c" for name in ("speedups", "engine_run", "sink", "h2_write", "h1_write", "wake")],
+            sources=[
+                f"native/{name}.c"
+                for name in ("speedups", "engine_run", "engine_advance", "sink", "h2_write", "h1_write", "wake")
+            ],
             depends=["native/speedups.h"],
             optional=True,
         )

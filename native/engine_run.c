@@ -3,15 +3,17 @@
  * Installed as the method ``Engine._run`` by llmsim/engine/native_run.py; the pure
  * function stays the reference (llmsim.engine.scheduler.PURE_RUN).  Taken in C: the
  * loop over one bucket (or the ready list), the stale and paused checks, the ITL
- * histogram bucket cache and sum, the fixed-ITL common case with its remembered grid
- * span (first, last, slot, bucket), the sink call and the pause rule, and the
- * put-back / bookkeeping of the try/except/finally.  Handed to Python: everything
- * the Python twin delegates (Engine._start_decoding, _enter, _advance, _put_back,
- * sink.on_output), and whole calls whose arguments or engine fields are not what the
- * engine itself makes (``now``/``reach`` not exact floats, a fixed ITL not a float,
- * an entry not exactly a Job or with fields of other types, ...): those run the
- * pure function.  (A field of another type met mid-loop, which only a sink writing
- * into another job of the same bucket could cause, raises TypeError.)
+ * histogram bucket cache and sum, the sink call and the pause rule, and the put-back /
+ * bookkeeping of the try/except/finally.  Each job's tokens and next entry go to
+ * engine_advance.c (_run's inlined one-token case, and Engine._advance's catch-ups with
+ * a fixed ITL and last tokens, with the remembered grid span and Timetable._enter's
+ * twin).  Handed to Python: everything else the Python twin delegates
+ * (Engine._start_decoding, _advance without a fixed ITL, _put_back, sink.on_output),
+ * and whole calls whose arguments or engine fields are not what the engine itself
+ * makes (``now``/``reach`` not exact floats, a fixed ITL not a float, an entry not
+ * exactly a Job or with fields of other types, ...): those run the pure function.  (A
+ * field of another type met mid-loop, which only a sink writing into another job of the
+ * same bucket could cause, raises TypeError.)
  *
  * Job fields are read and written by slot offset (Job is an attrs slotted class).
  * Floats: every job's last_token_time is the caller's ``now`` object; a float is made
@@ -25,31 +27,24 @@ static PyObject *pure_run;       /* the pure Engine._run */
 static PyObject *state_prefill;  /* JobState.PREFILL */
 static PyObject *state_decoding; /* JobState.DECODING */
 static PyObject *ready_slot;     /* llmsim.engine.timetable.READY */
-static Py_ssize_t off_slot, off_paused, off_emitted, off_state, off_last_token_time, off_output, off_deadline,
-    off_sink;
+static Py_ssize_t off_slot, off_paused, off_emitted, off_state, off_last_token_time, off_deadline, off_sink;
 
 /* --- interned names (llmsim_engine_init) ----------------------------------------- */
 static PyObject *str_latency, *str_fixed_itl, *str_metrics, *str_inter_token_latency, *str_bounds, *str_counts,
-    *str_sum, *str_ready, *str_resumed, *str_generated_tokens, *str_start_decoding, *str_enter, *str_advance,
-    *str_put_back, *str_on_output, *str_append;
+    *str_sum, *str_ready, *str_resumed, *str_generated_tokens, *str_start_decoding, *str_advance, *str_put_back,
+    *str_on_output;
 
 /* The locals of one _run call (scheduler.py:Engine._run): the arguments borrowed, the
  * other objects strong references. */
 typedef struct {
-    PyObject *engine, *jobs, *time, *now, *reach;
-    double now_value, reach_value;
-    int has_fixed_itl;
-    double fixed_itl;
+    llmsim_advance adv; /* engine, now, reach, the fixed ITL, the count of tokens, the entry cache */
+    PyObject *jobs, *time;
     PyObject *histogram, *bounds, *counts, *resumed;
     Py_ssize_t bound_count;
     /* the ITL bucket (low, high] of counts[index], and the ITLs counted in it not yet added */
     double low, high;
     Py_ssize_t index, in_bucket;
     double itl_sum;
-    Py_ssize_t generated;
-    /* deadlines in [first, last] go to ``slot``, whose entries are ``bucket`` */
-    double first, last;
-    PyObject *slot, *bucket;
 } RunState;
 
 static void
@@ -59,22 +54,10 @@ run_state_clear(RunState *st)
     Py_CLEAR(st->bounds);
     Py_CLEAR(st->counts);
     Py_CLEAR(st->resumed);
-    Py_CLEAR(st->slot);
-    Py_CLEAR(st->bucket);
+    llmsim_advance_clear(&st->adv);
 }
 
 /* --- small helpers ------------------------------------------------------------------ */
-
-/* A job's field (borrowed), or NULL with the AttributeError reading it raises. */
-static inline PyObject *
-job_field(PyObject *job, Py_ssize_t offset, const char *name)
-{
-    PyObject *value = LLMSIM_SLOT(job, offset);
-    if (value == NULL) {
-        PyErr_Format(PyExc_AttributeError, "'%.200s' object has no attribute '%s'", Py_TYPE(job)->tp_name, name);
-    }
-    return value;
-}
 
 /* ``a != b`` (Python's operator: no identity shortcut); 1, 0, or -1 with an exception. */
 static inline int
@@ -115,30 +98,7 @@ truth(PyObject *value)
     return result;
 }
 
-/* The value of a job's time field as a float operation with a float sees it (an exact
- * float, or an exact int converted as float arithmetic converts it); -1 with an
- * exception otherwise.  The pre-scan (plain_jobs) lets only these types in, so a
- * TypeError here means a sink wrote something else into a job mid-step. */
-static inline int
-time_value(PyObject *job, Py_ssize_t offset, const char *name, double *out)
-{
-    PyObject *value = job_field(job, offset, name);
-    if (value == NULL) {
-        return -1;
-    }
-    if (PyFloat_CheckExact(value)) {
-        *out = PyFloat_AS_DOUBLE(value);
-        return 0;
-    }
-    if (PyLong_CheckExact(value)) {
-        *out = PyLong_AsDouble(value);
-        return *out == -1.0 && PyErr_Occurred() ? -1 : 0;
-    }
-    PyErr_Format(PyExc_TypeError, "engine _run (C): job.%s is a %.200s, not a float", name, Py_TYPE(value)->tp_name);
-    return -1;
-}
-
-/* job.emitted as a C integer (an exact int, see time_value). */
+/* job.emitted as a C integer (an exact int, see llmsim_job_time). */
 static inline int
 emitted_value(PyObject *emitted, Py_ssize_t *out)
 {
@@ -156,18 +116,6 @@ static int
 call_engine(PyObject *name, PyObject *const *args, size_t nargs)
 {
     PyObject *result = PyObject_VectorcallMethod(name, (PyObject **)args, nargs | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-    Py_XDECREF(result);
-    return result == NULL ? -1 : 0;
-}
-
-/* ``list.append(item)`` for the cached bucket (a list, or whatever _enter gave). */
-static inline int
-append(PyObject *bucket, PyObject *item)
-{
-    if (PyList_CheckExact(bucket)) {
-        return PyList_Append(bucket, item);
-    }
-    PyObject *result = PyObject_CallMethodOneArg(bucket, str_append, item);
     Py_XDECREF(result);
     return result == NULL ? -1 : 0;
 }
@@ -233,56 +181,6 @@ observe_itl(RunState *st, double itl)
     return 0;
 }
 
-/* --- the fixed-ITL common case (scheduler.py:Engine._run, the inlined branch) ------ */
-
-/* ``first, last, slot, bucket = self._enter(job, deadline, now)``. */
-static int
-enter(RunState *st, PyObject *job, PyObject *deadline)
-{
-    PyObject *args[5] = {NULL, st->engine, job, deadline, st->now};
-    PyObject *entry = PyObject_VectorcallMethod(str_enter, args + 1, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-    if (entry == NULL) {
-        return -1;
-    }
-    if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 4 || !PyFloat_CheckExact(PyTuple_GET_ITEM(entry, 0)) ||
-        !PyFloat_CheckExact(PyTuple_GET_ITEM(entry, 1))) {
-        PyErr_Format(PyExc_TypeError, "engine _run (C): _enter returned %R, not (first, last, slot, bucket)", entry);
-        Py_DECREF(entry);
-        return -1;
-    }
-    st->first = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(entry, 0));
-    st->last = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(entry, 1));
-    Py_INCREF(PyTuple_GET_ITEM(entry, 2));
-    Py_SETREF(st->slot, PyTuple_GET_ITEM(entry, 2));
-    Py_INCREF(PyTuple_GET_ITEM(entry, 3));
-    Py_SETREF(st->bucket, PyTuple_GET_ITEM(entry, 3));
-    Py_DECREF(entry);
-    return 0;
-}
-
-/* The job's next token, ``stop``, is due at ``deadline`` (past the reach): emitted,
- * deadline, and its entry from the cache or from _enter. */
-static int
-next_token(RunState *st, PyObject *job, PyObject *stop, double deadline_value)
-{
-    llmsim_slot_set(job, off_emitted, stop);
-    st->generated += 1;
-    PyObject *deadline = PyFloat_FromDouble(deadline_value);
-    if (deadline == NULL) {
-        return -1;
-    }
-    llmsim_slot_set(job, off_deadline, deadline);
-    int result;
-    if (st->first <= deadline_value && deadline_value <= st->last) {
-        llmsim_slot_set(job, off_slot, st->slot);
-        result = append(st->bucket, job);
-    } else {
-        result = enter(st, job, deadline);
-    }
-    Py_DECREF(deadline);
-    return result;
-}
-
 /* --- one job (the loop body of scheduler.py:Engine._run) ---------------------------- */
 
 /* The tokens of a live job: the ITL, its first-token switch, the next entry;
@@ -292,54 +190,35 @@ hand_out(RunState *st, PyObject *job, PyObject *start, Py_ssize_t start_value)
 {
     if (start_value) { /* one inter-token latency per output, however many tokens it carries */
         double last_token_time;
-        if (time_value(job, off_last_token_time, "last_token_time", &last_token_time) < 0 ||
-            observe_itl(st, st->now_value - last_token_time) < 0) {
+        if (llmsim_job_time(job, off_last_token_time, "last_token_time", &last_token_time) < 0 ||
+            observe_itl(st, st->adv.now_value - last_token_time) < 0) {
             return NULL;
         }
     } else {
-        PyObject *state = job_field(job, off_state, "state");
+        PyObject *state = llmsim_job_field(job, off_state, "state");
         if (state == NULL) {
             return NULL;
         }
-        PyObject *args[4] = {NULL, st->engine, job, st->now};
+        PyObject *args[4] = {NULL, st->adv.engine, job, st->adv.now};
         if (state == state_prefill && call_engine(str_start_decoding, args + 1, 3) < 0) {
             return NULL;
         }
     }
-    llmsim_slot_set(job, off_last_token_time, st->now);
-    if (st->has_fixed_itl) {
-        PyObject *output = job_field(job, off_output, "output");
-        Py_ssize_t total = output == NULL                ? -1
-                           : PyTuple_CheckExact(output) ? PyTuple_GET_SIZE(output)
-                                                        : PyObject_Size(output);
-        if (total < 0) {
-            return NULL;
-        }
-        double deadline;
-        if (start_value + 1 < total) {
-            if (time_value(job, off_deadline, "deadline", &deadline) < 0) {
-                return NULL;
-            }
-            deadline += st->fixed_itl;
-            if (deadline > st->reach_value) {
-                PyObject *stop = PyLong_FromSsize_t(start_value + 1);
-                if (stop == NULL || next_token(st, job, stop, deadline) < 0) {
-                    Py_XDECREF(stop);
-                    return NULL;
-                }
-                return stop;
-            }
-        }
+    llmsim_slot_set(job, off_last_token_time, st->adv.now);
+    PyObject *stop = NULL;
+    int taken = llmsim_advance_job(&st->adv, job, start_value, &stop); /* the fixed-ITL cases, the last token */
+    if (taken) {
+        return stop;
     }
     /* the general case: ``stop = self._advance(job, start, now, reach)`` */
-    PyObject *args[6] = {NULL, st->engine, job, start, st->now, st->reach};
-    PyObject *stop = PyObject_VectorcallMethod(str_advance, args + 1, 5 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    PyObject *args[6] = {NULL, st->adv.engine, job, start, st->adv.now, st->adv.reach};
+    stop = PyObject_VectorcallMethod(str_advance, args + 1, 5 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     Py_ssize_t stop_value;
     if (stop == NULL || emitted_value(stop, &stop_value) < 0) {
         Py_XDECREF(stop);
         return NULL;
     }
-    st->generated += stop_value - start_value;
+    st->adv.generated += stop_value - start_value;
     return stop;
 }
 
@@ -348,12 +227,12 @@ hand_out(RunState *st, PyObject *job, PyObject *start, Py_ssize_t start_value)
 static int
 call_sink(RunState *st, PyObject *job, PyObject *start, PyObject *stop)
 {
-    PyObject *sink = job_field(job, off_sink, "sink");
+    PyObject *sink = llmsim_job_field(job, off_sink, "sink");
     if (sink == NULL) {
         return -1;
     }
     Py_INCREF(sink);
-    PyObject *args[6] = {NULL, sink, job, start, stop, st->now};
+    PyObject *args[6] = {NULL, sink, job, start, stop, st->adv.now};
     PyObject *accepted = PyObject_VectorcallMethod(str_on_output, args + 1, 5 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     Py_DECREF(sink);
     if (accepted == NULL) {
@@ -364,7 +243,7 @@ call_sink(RunState *st, PyObject *job, PyObject *start, PyObject *stop)
     if (accept) {
         return accept < 0 ? -1 : 0;
     }
-    PyObject *state = job_field(job, off_state, "state");
+    PyObject *state = llmsim_job_field(job, off_state, "state");
     if (state == NULL) {
         return -1;
     }
@@ -388,12 +267,12 @@ call_sink(RunState *st, PyObject *job, PyObject *start, PyObject *stop)
 static int
 run_job(RunState *st, PyObject *job)
 {
-    PyObject *slot = job_field(job, off_slot, "slot");
+    PyObject *slot = llmsim_job_field(job, off_slot, "slot");
     int stale = slot == NULL ? -1 : not_equal(slot, st->time);
     if (stale) {
         return stale < 0 ? -1 : 0; /* stale: the job moved on */
     }
-    PyObject *paused = job_field(job, off_paused, "paused");
+    PyObject *paused = llmsim_job_field(job, off_paused, "paused");
     int is_paused = paused == NULL ? -1 : truth(paused);
     if (is_paused) {
         if (is_paused > 0) {
@@ -401,7 +280,7 @@ run_job(RunState *st, PyObject *job)
         }
         return is_paused < 0 ? -1 : 0;
     }
-    PyObject *start = job_field(job, off_emitted, "emitted");
+    PyObject *start = llmsim_job_field(job, off_emitted, "emitted");
     Py_ssize_t start_value;
     if (start == NULL || emitted_value(start, &start_value) < 0) {
         return -1;
@@ -442,33 +321,34 @@ plain_jobs(PyObject *jobs)
 static int
 run_state_init(RunState *st, PyObject *const *args)
 {
+    llmsim_advance *adv = &st->adv;
     st->jobs = args[0];
     st->time = args[1];
-    st->now = args[2];
-    st->reach = args[4];
-    if (!PyList_CheckExact(st->jobs) || !PyFloat_CheckExact(st->now) || !PyFloat_CheckExact(st->reach) ||
+    adv->now = args[2];
+    adv->reach = args[4];
+    if (!PyList_CheckExact(st->jobs) || !PyFloat_CheckExact(adv->now) || !PyFloat_CheckExact(adv->reach) ||
         !plain_jobs(st->jobs)) {
         return 0;
     }
-    st->now_value = PyFloat_AS_DOUBLE(st->now);
-    st->reach_value = PyFloat_AS_DOUBLE(st->reach);
-    PyObject *latency = PyObject_GetAttr(st->engine, str_latency);
-    PyObject *fixed_itl = latency == NULL ? NULL : PyObject_GetAttr(latency, str_fixed_itl);
-    Py_XDECREF(latency);
+    adv->now_value = PyFloat_AS_DOUBLE(adv->now);
+    adv->reach_value = PyFloat_AS_DOUBLE(adv->reach);
+    adv->latency = PyObject_GetAttr(adv->engine, str_latency);
+    PyObject *fixed_itl = adv->latency == NULL ? NULL : PyObject_GetAttr(adv->latency, str_fixed_itl);
     if (fixed_itl == NULL || (fixed_itl != Py_None && !PyFloat_CheckExact(fixed_itl))) {
         Py_XDECREF(fixed_itl);
         return 0;
     }
-    st->has_fixed_itl = fixed_itl != Py_None;
-    st->fixed_itl = st->has_fixed_itl ? PyFloat_AS_DOUBLE(fixed_itl) : 0.0;
+    adv->has_fixed_itl = fixed_itl != Py_None;
+    adv->fixed_itl = adv->has_fixed_itl ? PyFloat_AS_DOUBLE(fixed_itl) : 0.0;
     Py_DECREF(fixed_itl);
-    PyObject *metrics = PyObject_GetAttr(st->engine, str_metrics);
+    adv->advance_in_c = adv->enter_in_c = -1;
+    PyObject *metrics = PyObject_GetAttr(st->adv.engine, str_metrics);
     st->histogram = metrics == NULL ? NULL : PyObject_GetAttr(metrics, str_inter_token_latency);
     Py_XDECREF(metrics);
     st->bounds = st->histogram == NULL ? NULL : PyObject_GetAttr(st->histogram, str_bounds);
     st->counts = st->bounds == NULL ? NULL : PyObject_GetAttr(st->histogram, str_counts);
-    st->bucket = st->counts == NULL ? NULL : PyObject_GetAttr(st->engine, str_ready);
-    st->resumed = st->bucket == NULL ? NULL : PyObject_GetAttr(st->engine, str_resumed);
+    adv->bucket = st->counts == NULL ? NULL : PyObject_GetAttr(adv->engine, str_ready);
+    st->resumed = adv->bucket == NULL ? NULL : PyObject_GetAttr(st->adv.engine, str_resumed);
     if (st->resumed == NULL || !PyTuple_CheckExact(st->bounds) || !PyList_CheckExact(st->counts) ||
         !PyDict_CheckExact(st->resumed) || PyList_GET_SIZE(st->counts) != PyTuple_GET_SIZE(st->bounds) + 1) {
         return 0;
@@ -481,10 +361,9 @@ run_state_init(RunState *st, PyObject *const *args)
     }
     st->low = Py_HUGE_VAL;
     st->high = -Py_HUGE_VAL;
-    st->first = Py_HUGE_VAL;
-    st->last = -Py_HUGE_VAL;
-    Py_INCREF(ready_slot);
-    st->slot = ready_slot;
+    adv->first = Py_HUGE_VAL;
+    adv->last = -Py_HUGE_VAL;
+    adv->slot = Py_NewRef(ready_slot);
     return 1;
 }
 
@@ -587,7 +466,7 @@ run_finally(RunState *st)
 {
     saved_error error = error_save();
     PyDict_Clear(st->resumed);
-    int failed = add_to_attribute(st->engine, str_generated_tokens, PyLong_FromSsize_t(st->generated)) < 0 ||
+    int failed = add_to_attribute(st->adv.engine, str_generated_tokens, PyLong_FromSsize_t(st->adv.generated)) < 0 ||
                  flush_bucket(st) < 0 ||
                  add_to_attribute(st->histogram, str_sum, PyFloat_FromDouble(st->itl_sum)) < 0;
     if (failed) {
@@ -606,7 +485,7 @@ put_back(RunState *st, PyObject *due, Py_ssize_t next)
 {
     saved_error error = error_save();
     PyObject *rest = PyList_GetSlice(st->jobs, next, PY_SSIZE_T_MAX);
-    PyObject *args[5] = {NULL, st->engine, rest, st->time, due};
+    PyObject *args[5] = {NULL, st->adv.engine, rest, st->time, due};
     if (rest == NULL || call_engine(str_put_back, args + 1, 4) < 0) {
         Py_XDECREF(rest);
         error_chain(error);
@@ -623,7 +502,7 @@ engine_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kw
     if (nargs != 5 || kwnames != NULL || pure_run == NULL) {
         return llmsim_call_with_self(pure_run, self, args, nargs, kwnames);
     }
-    RunState st = {.engine = self};
+    RunState st = {.adv = {.engine = self}};
     if (!run_state_init(&st, args)) {
         run_state_clear(&st);
         PyErr_Clear(); /* the pure twin raises it again, or takes the call */
@@ -668,10 +547,9 @@ static PyMethodDef engine_run_def = {
 static int
 job_offsets(PyObject *cls)
 {
-    static const char *const names[] = {"slot", "paused", "emitted", "state", "last_token_time", "output",
-                                        "deadline", "sink"};
-    Py_ssize_t *const offsets[] = {&off_slot, &off_paused, &off_emitted, &off_state, &off_last_token_time,
-                                   &off_output, &off_deadline, &off_sink};
+    static const char *const names[] = {"slot", "paused", "emitted", "state", "last_token_time", "deadline", "sink"};
+    Py_ssize_t *const offsets[] = {&off_slot,   &off_paused, &off_emitted, &off_state, &off_last_token_time,
+                                   &off_deadline, &off_sink};
     return llmsim_slot_offsets(cls, names, offsets, LLMSIM_COUNT(names));
 }
 
@@ -719,13 +597,11 @@ llmsim_engine_init(PyObject *module)
         {&str_resumed, "_resumed"},
         {&str_generated_tokens, "_generated_tokens"},
         {&str_start_decoding, "_start_decoding"},
-        {&str_enter, "_enter"},
         {&str_advance, "_advance"},
         {&str_put_back, "_put_back"},
         {&str_on_output, "on_output"},
-        {&str_append, "append"},
     };
-    if (llmsim_intern_names(names, LLMSIM_COUNT(names)) < 0) {
+    if (llmsim_intern_names(names, LLMSIM_COUNT(names)) < 0 || llmsim_engine_advance_init(module) < 0) {
         return -1;
     }
     return PyModule_AddFunctions(module, functions);

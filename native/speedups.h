@@ -1,7 +1,7 @@
 /* The compiled per-token path of llmsim (module llmsim._speedups): shared helpers.
  *
- * Each part (engine_run.c, sink.c, h2_write.c, h1_write.c, wake.c) is the twin of a pure-Python function
- * that stays the reference: llmsim/speedups.py says which are installed, and
+ * Each part (engine_run.c with engine_advance.c, sink.c, h2_write.c, h1_write.c, wake.c) is the twin
+ * of a pure-Python function that stays the reference: llmsim/speedups.py says which are installed, and
  * LLMSIM_PURE=1 turns them all off.  The C code reads the fields of llmsim's own
  * slotted (attrs) classes by their slot offsets, given at install time as the
  * classes' member descriptors, so a field costs one load instead of a generic
@@ -57,6 +57,63 @@ int llmsim_install_method(PyObject *cls, PyMethodDef *def);
  * call it does not take to its pure-Python function. */
 PyObject *llmsim_call_with_self(PyObject *function, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                 PyObject *kwnames);
+
+/* --- the engine loop: engine_run.c (Engine._run) and engine_advance.c (Engine._advance,
+ * Timetable._enter) share one call's state and the job-field readers --------------------- */
+
+/* Where one _run call puts each job next (scheduler.py:Engine._run's locals). */
+typedef struct {
+    PyObject *engine, *now, *reach; /* borrowed: _run's self, ``now`` and ``reach`` (exact floats) */
+    double now_value, reach_value;
+    int has_fixed_itl;
+    double fixed_itl;
+    PyObject *latency;             /* engine._latency as the call began (strong) */
+    int advance_in_c, enter_in_c;  /* the engine's _advance / _enter are the classes' own: -1 not known yet */
+    Py_ssize_t generated;          /* tokens handed out (engine._generated_tokens, in the finally block) */
+    double first, last;            /* deadlines in [first, last] go to ``slot``, whose entries are ``bucket`` */
+    PyObject *slot, *bucket;       /* strong */
+} llmsim_advance;
+
+/* A job's field (borrowed), or NULL with the AttributeError reading it raises. */
+static inline PyObject *
+llmsim_job_field(PyObject *job, Py_ssize_t offset, const char *name)
+{
+    PyObject *value = LLMSIM_SLOT(job, offset);
+    if (value == NULL) {
+        PyErr_Format(PyExc_AttributeError, "'%.200s' object has no attribute '%s'", Py_TYPE(job)->tp_name, name);
+    }
+    return value;
+}
+
+/* The value of a job's time field as a float operation with a float sees it (an exact
+ * float, or an exact int converted as float arithmetic converts it); -1 with an
+ * exception otherwise.  _run's pre-scan lets only these types in, so a TypeError here
+ * means a sink wrote something else into a job mid-step. */
+static inline int
+llmsim_job_time(PyObject *job, Py_ssize_t offset, const char *name, double *out)
+{
+    PyObject *value = llmsim_job_field(job, offset, name);
+    if (value == NULL) {
+        return -1;
+    }
+    if (PyFloat_CheckExact(value)) {
+        *out = PyFloat_AS_DOUBLE(value);
+        return 0;
+    }
+    if (PyLong_CheckExact(value)) {
+        *out = PyLong_AsDouble(value);
+        return *out == -1.0 && PyErr_Occurred() ? -1 : 0;
+    }
+    PyErr_Format(PyExc_TypeError, "engine _run (C): job.%s is a %.200s, not a float", name, Py_TYPE(value)->tp_name);
+    return -1;
+}
+
+/* engine_advance.c: a job's tokens due by ``reach`` from ``start`` and its next entry
+ * (Engine._advance, with _run's inlined one-token case): 1 with ``*stop`` (a new
+ * reference), 0 when the Python _advance should take it (nothing done), -1 with an exception. */
+int llmsim_advance_job(llmsim_advance *adv, PyObject *job, Py_ssize_t start, PyObject **stop);
+void llmsim_advance_clear(llmsim_advance *adv);
+int llmsim_engine_advance_init(PyObject *module);
 
 /* Each part adds its functions to the module; 0, or -1 with an exception. */
 int llmsim_engine_init(PyObject *module);

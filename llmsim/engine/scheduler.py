@@ -426,7 +426,8 @@ class Engine(Admission, Timetable):
     def _advance(self, job: Job, start: int, now: float, reach: float) -> int:
         """The per-token path in general (:meth:`_run` inlines its common case): hand
         ``job`` every token due by ``reach``, up to the cap, then finish it or give it its
-        next entry; returns its new ``emitted``."""
+        next entry; returns its new ``emitted``.  (The C loop does the fixed-ITL case and the
+        last token itself, native/engine_advance.c, calling _finish and _enter_ready.)"""
         total = len(job.output)
         deadline = job.deadline
         # How many tokens are due, and the deadline that follows: the next
@@ -497,4 +498,4 @@ class Engine(Admission, Timetable):
 
 
 #: The pure ``Engine._run``, the reference: its C twin replaces it where built (native_run.py).
-PURE_RUN = install_run(Engine)
+PURE_RUN = install_run(Engine, max_tokens_per_step=MAX_TOKENS_PER_STEP)

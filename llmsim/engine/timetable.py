@@ -84,7 +84,8 @@ class Timetable:
         bucket of its grid time (or of ``deadline`` itself without a grid), or the ready
         list when that time is not after ``now`` (a float hair).  Returns the deadlines
         ``(first, last)`` known to get the same time, the time and its bucket, for
-        ``Engine._run``'s cache (an empty span for the ready list)."""
+        ``Engine._run``'s cache (an empty span for the ready list).  The C loop has a twin of
+        all but the ready-list case (native/engine_advance.c)."""
         grid = self._grid
         if grid:
             index = math.ceil(deadline * self._inverse_grid - GRID_SHIFT)

@@ -27,7 +27,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmsim.config import Config
-from llmsim.engine import Engine, Job, JobState
+from llmsim.engine import MAX_TOKENS_PER_STEP, Engine, Job, JobState
 from llmsim.engine.pause import PauseState
 from llmsim.engine.scheduler import PURE_RUN
 from llmsim.engine.timetable import READY
@@ -152,7 +152,7 @@ def job_specs(rng: random.Random, count: int) -> list[tuple[float, int, int, dic
         script = {
             call: (rng.choices(ACTIONS, WEIGHTS)[0], rng.randrange(count)) for call in range(40) if rng.random() < 0.3
         }
-        specs.append((arrival, rng.choice([1, 10, 100]), rng.choice([0, 1, 2, 5, 20, 35]), script))
+        specs.append((arrival, rng.choice([1, 10, 100]), rng.choice([0, 1, 2, 5, 20, 35, 60]), script))
     return specs
 
 
@@ -201,7 +201,8 @@ def drive(world: World, seed: int, specs: list[tuple[float, int, int, dict[int, 
             engine.set_pause_state(PauseState.PAUSED_ALL, now)
             world.log.append(("pause", now))
         elif deadline != math.inf:
-            lateness = 0.0 if rng.random() < 0.7 else rng.uniform(0.0, 0.05)
+            # late steps hand out catch-ups of several tokens, very late ones up to the cap
+            lateness = rng.choices([0.0, rng.uniform(0.0, 0.05), rng.uniform(0.1, 0.5)], [70, 24, 6])[0]
             now = max(now, deadline + lateness)
             try:
                 engine.step(now)
@@ -249,14 +250,22 @@ def test_pure_and_native_agree_on_random_scenarios(seed: int) -> None:
 
 
 def test_the_scenarios_reach_the_rare_branches() -> None:
-    """The seeded scenarios exercise what the differential tests are for."""
+    """The seeded scenarios exercise what the differential tests are for: the sinks'
+    actions, and catch-ups (several tokens in one call, the per-step cap, a job finishing
+    in one, a job left in the ready list by the cap)."""
     seen: set[str] = set()
     for seed in range(40):
         pure, _ = run_both(seed)
         for entry in pure.log:
             if isinstance(entry, tuple) and entry and isinstance(entry[0], str):
                 seen.add(entry[0] if entry[0] != "put_back" or not entry[1] else "put_back_some")
+                if entry[0] == "call" and entry[3] - entry[2] > 1:
+                    seen.add("catch_up_finished" if entry[5] is JobState.FINISHED else "catch_up")
+                    seen.add("cap" if entry[3] - entry[2] == MAX_TOKENS_PER_STEP else "catch_up")
+            elif isinstance(entry, tuple) and any(job[4] == READY for job in entry[0]):
+                seen.add("ready")
     assert {"call", "raised", "put_back_some", "peek", "cancel", "pause", "resume"} <= seen
+    assert {"catch_up", "catch_up_finished", "cap", "ready"} <= seen
 
 
 def python_frames_of_run(engine: Engine, now: float) -> int:
