@@ -74,12 +74,18 @@ class ApiContext:
     injected_faults: InjectedFaults = attrs.field(factory=InjectedFaults, init=False)
     #: ``model.system_fingerprint``, hashed once (the model options never change).
     system_fingerprint: str = attrs.field(init=False)
+    #: ``model.model_names`` and ``model.display_model`` (properties), read once for
+    #: :meth:`resolve_model`, which every generating request calls.
+    _model_names: tuple[str, ...] = attrs.field(init=False)
+    _display_model: str = attrs.field(init=False)
     #: Request bodies parsed lately (:meth:`Call.parsed`), per server: what a route
     #: derives from a body may depend on the server's tokenizer.
     bodies: BodyCache = attrs.field(init=False, factory=lambda: BodyCache())
 
     def __attrs_post_init__(self) -> None:
         self.system_fingerprint = self.model.system_fingerprint
+        self._model_names = self.model.model_names
+        self._display_model = self.model.display_model
         self._id_rng = random.Random(self.model.seed)
         self.loras = LoraRegistry(self.model.model_names, self.model.lora_adapters, enabled=self.model.lora_enabled)
         self.failure_rng = random.Random(None if self.model.seed is None else f"failures:{self.model.seed}")
@@ -100,18 +106,19 @@ class ApiContext:
         a LoRA adapter's name is reported as is, and the request's jobs run with it
         (vLLM's ``model_name(lora_request)``, ``vllm/entrypoints/openai/models/serving.py:
         143-146``; the 404 lists the base names only, as vLLM's)."""
-        _REQUEST_ADAPTER.set(None)
+        if _REQUEST_ADAPTER.get() is not None:  # a request's task starts without one: set only to change it
+            _REQUEST_ADAPTER.set(None)
         if name is None:
-            return self.model.display_model
+            return self._display_model
         if not isinstance(name, str):
             raise ApiError(400, "model must be a string", param="model")
-        if name in self.model.model_names:
-            return self.model.display_model
+        if name in self._model_names:
+            return self._display_model
         if name in self.loras.adapters:
             _REQUEST_ADAPTER.set(name)
             return name
         # vllm/entrypoints/serve/engine/serving.py:75-84
-        aliases = ", ".join(self.model.model_names)
+        aliases = ", ".join(self._model_names)
         raise ApiError(404, f"The model `{name}` does not exist. Valid aliases: {aliases}.", param="model")
 
 

@@ -31,12 +31,12 @@ from typing import Protocol
 import attrs
 import trio
 
-from llmsim.api import request_log
 from llmsim.api.context import ApiContext, Call, request_adapter
 from llmsim.api.errors import ApiError
 from llmsim.api.http import Headers, ResponseStream
 from llmsim.api.plan import GenerationPlan
 from llmsim.api.request_fields import check_n_limit
+from llmsim.api.request_log import RequestLog, request_log
 from llmsim.api.sse import SSE_HEADERS, PlainTokens, escape, escape_all, escape_cache, escaped_piece
 from llmsim.engine.errors import QueueFullError, QueueLimit
 from llmsim.engine.job import Job, JobSink, JobState, RequestGroup
@@ -357,9 +357,11 @@ if (_install := installer("install_streaming_sink")) is not None:
 
 
 class SubmittedJobs:
-    """``with SubmittedJobs(engine, jobs, clock, arrival):`` submits every job, all or
-    none: a full waiting queue is a 429.  On exit, however it happens, every job that
-    has not finished is cancelled (freeing its slot).
+    """``with SubmittedJobs(engine, jobs, clock, arrival, log=...):`` submits every job,
+    all or none: a full waiting queue is a 429.  On exit, however it happens, every job
+    that has not finished is cancelled (freeing its slot).  ``log``
+    (:func:`~llmsim.api.request_log.request_log`; None: no log) gets its lines once the
+    jobs are in the engine and as they are left, before that cancelling.
 
     ``arrival`` is when the request's first bytes arrived (``HttpRequest.received_at``;
     None: now).  The jobs arrive then, so that the TTFT a client measures does not
@@ -367,28 +369,43 @@ class SubmittedJobs:
     e2e count from it, queue time stays 0 while a slot is free: see ``Engine.submit``).
 
     A class rather than a generator-based ``@contextmanager``: it runs once per
-    request, and the generator machinery cost more than the submitting.
+    request, and the generator machinery cost more than the submitting.  (It holds the
+    log rather than being one of two context managers in one ``with``: a second
+    context manager, even a ``nullcontext``, cost two more calls per request.)
     """
 
-    __slots__ = ("_arrival", "_clock", "_engine", "_jobs")
+    __slots__ = ("_arrival", "_clock", "_engine", "_jobs", "_log")
 
     def __init__(
-        self, engine: Engine, jobs: Sequence[Job], clock: Callable[[], float], arrival: float | None = None
+        self,
+        engine: Engine,
+        jobs: Sequence[Job],
+        clock: Callable[[], float],
+        arrival: float | None = None,
+        *,
+        log: RequestLog | None = None,
     ) -> None:
         self._engine = engine
         self._jobs = jobs
         self._clock = clock
         self._arrival = arrival
+        self._log = log
 
     def __enter__(self) -> None:
         try:
             self._submit()
+            if self._log is not None:
+                self._log.submitted()
         except BaseException:
             self._cancel_unfinished()
             raise
 
     def __exit__(self, *exc_info: object) -> None:
-        self._cancel_unfinished()
+        try:
+            if self._log is not None:
+                self._log.left()
+        finally:
+            self._cancel_unfinished()
 
     def _submit(self) -> None:
         submit, now = self._engine.submit, self._clock()
@@ -401,9 +418,11 @@ class SubmittedJobs:
             raise queue_full_error(exc.limit) from None
 
     def _cancel_unfinished(self) -> None:
-        now = self._clock()
+        now = None  # the clock is read only when a job is left to cancel (a stream ends with none)
         for job in self._jobs:
             if not job.done:
+                if now is None:
+                    now = self._clock()
                 self._engine.cancel(job, now)
 
 
@@ -430,7 +449,8 @@ async def stream(
 
     sink = StreamingSink(response, renderer, len(plan.choices), resume)
     jobs = build_jobs(plan, sink, request_adapter())
-    with SubmittedJobs(ctx.engine, jobs, ctx.clock, call.request.received_at), request_log.logged(ctx, plan, jobs):
+    log = request_log(ctx, plan, jobs)
+    with SubmittedJobs(ctx.engine, jobs, ctx.clock, call.request.received_at, log=log):
         response.start(200, (*SSE_HEADERS, *headers))
         head = renderer.head()
         if head:
@@ -457,6 +477,7 @@ async def collect(call: Call, plan: GenerationPlan, *, refusal: ApiError | None 
     ctx = call.ctx
     sink = CollectingSink(len(plan.choices))
     jobs = build_jobs(plan, sink, request_adapter())
-    with SubmittedJobs(ctx.engine, jobs, ctx.clock, call.request.received_at), request_log.logged(ctx, plan, jobs):
+    log = request_log(ctx, plan, jobs)
+    with SubmittedJobs(ctx.engine, jobs, ctx.clock, call.request.received_at, log=log):
         await sink.done.wait()
     return jobs

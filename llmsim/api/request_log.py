@@ -1,15 +1,15 @@
 """``--enable-log-requests``: a few lines per request, in vLLM's words, never one per token.
 
-:func:`logged` brackets a request's submitted jobs (``with SubmittedJobs(...),
-logged(...)`` in :mod:`llmsim.api.generation`).  As it is entered (the jobs are in the
-engine) it logs, as vLLM does:
+:func:`request_log` gives the lines of a request whose jobs
+:class:`~llmsim.api.generation.SubmittedJobs` brackets (its ``log``).  Once the jobs are
+in the engine (:meth:`RequestLog.submitted`) it logs, as vLLM does:
 
 * ``Received request <id>: params: SamplingParams(n=..., max_tokens=...), lora_request: None.``
   once per prompt (``vllm/entrypoints/serve/utils/request_logger.py:66-71``; llmsim
   shows only the parameters its plan knows);
 * ``Added request <id>.`` once per choice (``vllm/v1/engine/async_llm.py:561,587``).
 
-As it is left:
+When they are left (:meth:`RequestLog.left`, before the unfinished ones are cancelled):
 
 * for each choice that finished, ``Finished request <id>: finish_reason: ...,
   prompt_tokens: ..., completion_tokens: ...``: llmsim's own line, as vLLM logs nothing
@@ -26,28 +26,23 @@ A request refused before its jobs are in the engine (a full queue) logs nothing.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
-from types import TracebackType
 
 from llmsim.api.context import ApiContext
 from llmsim.api.plan import GenerationPlan
 from llmsim.engine.job import Job, JobState
 
-__all__ = ["RequestLog", "log", "logged"]
+__all__ = ["RequestLog", "log", "request_log"]
 
 log = logging.getLogger("llmsim.api.request_log")
 
-_NOTHING: AbstractContextManager[None] = contextlib.nullcontext()
 
-
-def logged(ctx: ApiContext, plan: GenerationPlan, jobs: Sequence[Job]) -> AbstractContextManager[None]:
-    """The request's log lines around its submitted ``jobs`` (nothing without
+def request_log(ctx: ApiContext, plan: GenerationPlan, jobs: Sequence[Job]) -> RequestLog | None:
+    """The request's log lines around its submitted ``jobs`` (None without
     ``--enable-log-requests``, at the cost of one attribute read)."""
     if not ctx.control.enable_log_requests:
-        return _NOTHING
+        return None
     return RequestLog(plan, jobs)
 
 
@@ -67,7 +62,8 @@ class RequestLog:
         prompt_id = self.prompt_id(job.index // per_prompt)
         return prompt_id if per_prompt == 1 else f"{job.index % per_prompt}_{prompt_id}"
 
-    def __enter__(self) -> None:
+    def submitted(self) -> None:
+        """The lines once the jobs are in the engine."""
         plan = self._plan
         for index, prompt in enumerate(plan.prompts):
             params = f"SamplingParams(n={plan.choices_per_prompt}, max_tokens={prompt.output_cap})"
@@ -75,9 +71,8 @@ class RequestLog:
         for job in self._jobs:
             log.info("Added request %s.", self.job_id(job))
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
-    ) -> None:
+    def left(self) -> None:
+        """The lines as the request leaves its jobs, however it does (before the unfinished ones are cancelled)."""
         unfinished = []
         for job in self._jobs:
             if job.state is JobState.FINISHED:

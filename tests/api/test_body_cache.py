@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Any
 
@@ -145,8 +146,113 @@ async def test_prompt_ids_of_a_model_template_are_made_afresh(tmp_path: Path) ->
             assert (await post(sim, "/v1/chat/completions", CHAT)).status == 200
         kept = list(sim.ctx.bodies._entries.values())
     assert len(kept) == 1
-    assert kept[0].prompt_ids is None and kept[0].cap is None  # type: ignore[attr-defined]
+    assert kept[0].prompt_ids is None and kept[0].cap is None and kept[0].prompt is None  # type: ignore[attr-defined]
     async with running() as sim:
         assert (await post(sim, "/v1/chat/completions", CHAT)).status == 200
         kept = list(sim.ctx.bodies._entries.values())
-    assert kept[0].prompt_ids is not None and kept[0].cap is not None  # type: ignore[attr-defined]
+    assert kept[0].prompt_ids is not None and kept[0].cap is not None and kept[0].prompt is not None  # type: ignore[attr-defined]
+
+
+class Counting:
+    """Wraps a route module's function, counting its calls."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, module: str, name: str) -> None:
+        self.calls = 0
+        real = getattr(importlib.import_module(module), name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(f"{module}.{name}", counted)
+
+
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+
+
+async def test_a_chat_bodys_tools_and_structured_output_are_compiled_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kept with the body (``_ChatShape``) once they compiled: the body's later requests
+    skip them; another body compiles its own."""
+    tools = Counting(monkeypatch, "llmsim.api.chat.routes", "tool_specs")
+    structured = Counting(monkeypatch, "llmsim.api.chat.routes", "structured_output")
+    body = {**CHAT, "tools": TOOLS, "tool_choice": "none", "response_format": {"type": "json_object"}}
+    async with running() as sim:
+        for _ in range(3):
+            assert (await post(sim, "/v1/chat/completions", body)).status == 200
+        assert (tools.calls, structured.calls) == (1, 1)
+        assert (await post(sim, "/v1/chat/completions", {**body, "max_tokens": 4})).status == 200
+        assert (tools.calls, structured.calls) == (2, 2)
+
+
+async def test_a_completions_bodys_structured_output_is_compiled_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    structured = Counting(monkeypatch, "llmsim.api.completions.routes", "structured_output")
+    body = {"prompt": "Hello there", "max_tokens": 3, "structured_outputs": {"choice": ["yes", "no"]}}
+    async with running() as sim:
+        for _ in range(3):
+            response = await post(sim, "/v1/completions", body)
+            assert response.json()["choices"][0]["text"] in ("yes", "no")
+        assert structured.calls == 1
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+async def test_what_a_body_fails_is_refused_every_time_and_kept_only_once_passed(
+    monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """A structured output that does not compile is its 400 at every request (nothing is
+    kept); a request refused before it (X-Return-Error) keeps nothing either, and the
+    body's next request compiles it."""
+    module = "llmsim.api.chat.routes" if path.startswith("/v1/chat") else "llmsim.api.completions.routes"
+    structured = Counting(monkeypatch, module, "structured_output")
+    base = CHAT if path.startswith("/v1/chat") else {"prompt": "Hello there", "max_tokens": 3}
+    bad = {**base, "response_format": {"type": "structural_tag"}}
+    async with running() as sim:
+        for calls in (1, 2):
+            response = await post(sim, path, bad)
+            assert response.status == 400 and "structural_tag" in response.body.decode()
+            assert structured.calls == calls
+        good = {**base, "response_format": {"type": "json_object"}}
+        assert (await post(sim, path, good, ((b"x-return-error", b"503"),))).status == 503
+        assert structured.calls == 2
+        for _ in range(2):
+            assert (await post(sim, path, good)).status == 200
+        assert structured.calls == 3
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {**CHAT, "ignore_eos": True}),
+        ("/v1/completions", {"prompt": "Hello there", "max_tokens": 3, "ignore_eos": True}),
+    ],
+)
+async def test_a_kept_prompt_plan_holds_for_its_cache_gate_only(path: str, body: dict[str, Any]) -> None:
+    """The prompt's plan kept with a body carries the engine's cache-hit gate, which is
+    per request (X-Cache-Threshold-Finish-Reason): a request with another gate gets its own."""
+    force = ((b"x-cache-threshold-finish-reason", b"true"),)
+    async with running() as sim:
+        reasons = []
+        for headers in ((), force, force, (), force):
+            response = await post(sim, path, body, headers)
+            reasons.append(response.json()["choices"][0]["finish_reason"])
+    assert reasons == ["length", "cache_threshold", "cache_threshold", "length", "cache_threshold"]
+
+
+async def test_a_prompt_plan_with_media_is_made_afresh() -> None:
+    """A chat body's media blocks are read (and checked) once per body, but their KV keys
+    come from the prompt's rendering, per request: a prompt plan with media is not kept.
+    Media that fail their check are refused every time."""
+    image = "data:image/png;base64,iVBORw0KGgo="
+    content = [{"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": image}}]
+    with_media = {**CHAT, "messages": [{"role": "user", "content": content}]}
+    bad = [content[0], {"type": "image_url", "image_url": {"url": "data:image/png;base64,!!"}}]
+    bad_media = {**CHAT, "messages": [{"role": "user", "content": bad}]}
+    async with running() as sim:
+        for _ in range(2):
+            assert (await post(sim, "/v1/chat/completions", with_media)).status == 200
+            response = await post(sim, "/v1/chat/completions", bad_media)
+            assert response.status == 400 and "Invalid base64" in response.body.decode()
+        assert (await post(sim, "/v1/chat/completions", CHAT)).status == 200
+        kept = list(sim.ctx.bodies._entries.values())
+    media = [entry.media_items for entry in kept]  # type: ignore[attr-defined]
+    assert [None if items is None else len(items) for items in media] == [1, None, 0]  # the bad media: not kept
+    assert [entry.prompt is None for entry in kept] == [True, True, False]  # type: ignore[attr-defined]

@@ -1,4 +1,4 @@
-"""The shared handler context: the choices' seeded RNGs."""
+"""The shared handler context: the choices' seeded RNGs, the model names."""
 
 from __future__ import annotations
 
@@ -6,7 +6,10 @@ import random
 
 import pytest
 
-from llmsim.api.context import seeded_random
+from llmsim.api.context import request_adapter, seeded_random
+from tests.api.fakes import post, running
+
+CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
 
 
 @pytest.mark.parametrize("text", ["7:abcdef0123456789:0", "None:req-1:3", "é✓:x:12", ""])
@@ -17,3 +20,25 @@ def test_seeded_random_is_random_random_of_the_text(text: str) -> None:
     assert ours.getstate() == theirs.getstate()
     assert [ours.random() for _ in range(700)] == [theirs.random() for _ in range(700)]  # past one regeneration
     assert [ours.gauss(0.0, 1.0) for _ in range(3)] == [theirs.gauss(0.0, 1.0) for _ in range(3)]
+
+
+async def test_each_server_resolves_its_own_model_names() -> None:
+    """The names a request may use are read once per server (``ApiContext``): each server
+    answers with its own first name, and refuses the other's with its own aliases."""
+    async with running(served_model_name=("a", "a2")) as first, running(served_model_name=("b",)) as second:
+        assert (await post(first, "/v1/chat/completions", {**CHAT, "model": "a2"})).json()["model"] == "a"
+        assert (await post(second, "/v1/chat/completions", CHAT)).json()["model"] == "b"
+        refused = await post(first, "/v1/chat/completions", {**CHAT, "model": "b"})
+        assert refused.status == 404
+        assert refused.json()["error"]["message"] == "The model `b` does not exist. Valid aliases: a, a2."
+
+
+async def test_resolving_the_base_model_after_an_adapter_clears_the_adapter() -> None:
+    """The request's adapter is set only to change it: resolving the base model in a task
+    that resolved an adapter before leaves none."""
+    async with running(lora_modules=("sql=/adapters/sql",)) as sim:
+        assert request_adapter() is None
+        assert sim.ctx.resolve_model("sql") == "sql"
+        assert request_adapter() == "sql"
+        sim.ctx.resolve_model(None)
+        assert request_adapter() is None

@@ -16,7 +16,7 @@ from llmsim.api.context import Call
 from llmsim.api.generation import stream
 from llmsim.api.http import HttpRequest
 from llmsim.api.plan import GenerationPlan, PromptPlan
-from llmsim.api.request_log import RequestLog, logged
+from llmsim.api.request_log import request_log
 from tests.api.fakes import FakeResponse, post, running
 from tests.api.test_generation import _Renderer, text
 
@@ -99,7 +99,7 @@ async def test_nothing_is_logged_without_the_flag(autojump_clock: MockClock, cap
         response = await post(sim, CHAT, {**HELLO, "stream": True})
         assert response.status == 200
         plan = GenerationPlan("req", (PromptPlan((1,), 8),), (text("a"),))
-        assert type(logged(sim.ctx, plan, [])) is not RequestLog
+        assert request_log(sim.ctx, plan, []) is None
     assert lines(caplog) == []
 
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -29,7 +29,7 @@ from llmsim.api.plan import GenerationPlan, PromptPlan, StructuredOutput, output
 from llmsim.api.prompts import check_context_length
 from llmsim.api.request_fields import check_sampling_params, token_id_refusal
 from llmsim.api.router import Router
-from llmsim.api.stops import stop_rule
+from llmsim.api.stops import StopRule, stop_rule
 from llmsim.api.structured import structured_output
 from llmsim.api.transfer import (
     KvTransfer,
@@ -41,7 +41,10 @@ from llmsim.api.transfer import (
 from llmsim.api.turns import TurnPlan
 from llmsim.api.usage import ChunkUsage, usage_style
 from llmsim.engine.kv_hashing import MultimodalItem
-from llmsim.model.tools import NamedToolChoice, ToolSpec
+from llmsim.model.tools import NamedToolChoice, ToolChoice, ToolSpec
+
+if TYPE_CHECKING:  # the render family imports this package (llmsim/api/media.py)
+    from llmsim.api.render.features import MediaItem
 
 __all__ = ["chat_completions", "register"]
 
@@ -52,33 +55,83 @@ class _ChatBody:
     distinct body), and what the handler derives from it alone, kept here the first time
     a request of that body gets that far (later ones skip it; errors keep their order)."""
 
-    fields: dict[str, Any]
     request: ChatCompletionRequest
+    shape: _ChatShape | None = None  # its tools and structured output, compiled
     prompt_ids: tuple[int, ...] | None = None  # kept without a model template (see the route)
+    media_items: tuple[MediaItem, ...] | None = None  # its image, audio and video blocks, checked
     cap: int | None = None  # the output cap, once the body passed the checks that give it (likewise)
     echo_text: str | None = None
+    prompt: PromptPlan | None = None  # its prompt's plan without media (likewise; for one gate)
 
 
 def _chat_body(fields: dict[str, Any]) -> _ChatBody:
-    return _ChatBody(fields, parse_chat_request(fields))
+    request = parse_chat_request(fields)
+    check_cache_hit_threshold(fields, request.cache_hit_threshold)  # a body check, the first after parsing
+    return _ChatBody(request)
+
+
+@attrs.frozen
+class _ChatShape:
+    """What a chat handler reads of its body beyond the prompt, derived once per body
+    (the body is frozen and these are functions of it alone): its compiled tools and
+    structured output (whose 400s come in their place, before the model is resolved),
+    and the request fields the handler reads, read once rather than through a property
+    per request."""
+
+    tools: tuple[ToolSpec, ...]
+    tool_choice: ToolChoice
+    calling: bool  # a tool may be called (tools given, tool_choice not "none")
+    parallel_tool_calls: bool
+    structured: StructuredOutput | None
+    transfer: KvTransfer
+    stop: StopRule | None
+    choices: int
+    max_tokens: int | None
+    ignore_eos: bool
+    min_tokens: int
+    streaming: bool
+    include_usage: bool
+    continuous_usage: bool
+
+    @classmethod
+    def of(cls, request: ChatCompletionRequest) -> _ChatShape:
+        tools = tuple(tool_specs(request.tools))
+        structured = structured_output(
+            request.response_format,
+            request.structured_outputs,
+            named_tool_choice=isinstance(request.tool_choice, NamedToolChoice),
+        )
+        tool_choice = request.effective_tool_choice
+        return cls(
+            tools=tools,
+            tool_choice=tool_choice,
+            calling=bool(tools) and tool_choice != "none",
+            parallel_tool_calls=request.parallel_tool_calls is not False,
+            structured=structured,
+            transfer=KvTransfer.of(request.kv_transfer_params),
+            stop=stop_rule(request),
+            choices=request.choices_per_prompt,
+            max_tokens=request.requested_max_tokens,
+            ignore_eos=bool(request.ignore_eos),
+            min_tokens=request.min_tokens or 0,
+            streaming=request.streaming,
+            include_usage=request.include_usage,
+            continuous_usage=request.continuous_usage,
+        )
 
 
 async def chat_completions(call: Call) -> None:
     ctx = call.ctx
     parsed = call.parsed(_chat_body)
-    fields, request = parsed.fields, parsed.request
-    check_cache_hit_threshold(fields, request.cache_hit_threshold)
+    request = parsed.request
     check_injected_failure(call)  # X-Return-Error, --failure-injection-rate
-    tools = tool_specs(request.tools)
-    structured = structured_output(
-        request.response_format,
-        request.structured_outputs,
-        named_tool_choice=isinstance(request.tool_choice, NamedToolChoice),
-    )
+    shape = parsed.shape
+    if shape is None:  # the body's tools and structured output (their 400s): once per body
+        shape = parsed.shape = _ChatShape.of(request)
     model = ctx.resolve_model(request.model)
-    transfer = KvTransfer.of(request.kv_transfer_params)
-    transfer.check_streaming(request.streaming)
-    check_job_count(ctx, request.choices_per_prompt)
+    transfer = shape.transfer
+    transfer.check_streaming(shape.streaming)
+    check_job_count(ctx, shape.choices)
     # Kept for the body's later requests only without a model template, which may read the
     # clock (strftime_now): the built-in rendering is a function of the body alone.
     keep = ctx.tokenizer.chat_template is None
@@ -87,13 +140,14 @@ async def chat_completions(call: Call) -> None:
         prompt_ids = tuple(request_prompt_ids(ctx.tokenizer, request))
         if keep:
             parsed.prompt_ids = prompt_ids
-    media_of = media_readers()
-    # read once, with the render's checks (bad base64 is a 400, as when vLLM loads it)
-    media_items = media_of.chat_media(request.messages)
+    media_items = parsed.media_items
+    if media_items is None:  # read once per body, with the render's checks (bad base64 is a 400, as vLLM's load)
+        media_items = parsed.media_items = tuple(media_readers().chat_media(request.messages))
     media: tuple[MultimodalItem, ...] = ()  # turns built only for media (request_prompt_ids made their 400s)
-    if media_items:
-        media = media_of.kv_multimodal(ctx.tokenizer, chat_turns(request.messages, request.tools), media_items)
-    max_tokens = request.requested_max_tokens
+    if media_items:  # per request: the prompt's rendering may read the clock (a model template)
+        conversation = chat_turns(request.messages, request.tools)
+        media = media_readers().kv_multimodal(ctx.tokenizer, conversation, media_items)
+    max_tokens = shape.max_tokens
     cap = parsed.cap
     if cap is None:  # the body against the server's (fixed) model options: once per body
         check_context_length(
@@ -102,32 +156,29 @@ async def chat_completions(call: Call) -> None:
         cap = output_cap(ctx, len(prompt_ids), max_tokens)
         check_sampling_params(request, cap)  # SamplingParams, after the prompt (chat_completion/serving.py:350-380)
         top_logprobs = (request.top_logprobs or 0) if request.logprobs else 0
-        check_output_volume(ctx, (cap,), request.choices_per_prompt, top_logprobs)
+        check_output_volume(ctx, (cap,), shape.choices, top_logprobs)
         if keep:  # the cap depends on the prompt's length
             parsed.cap = cap
     identity = RequestIdentity.of(call, "chatcmpl-", request.request_id)
     echo_text = parsed.echo_text
     if echo_text is None:
         echo_text = parsed.echo_text = last_user_text(request.messages)
-    calling = bool(tools) and request.effective_tool_choice != "none"
-    turns = _plan_turns(ctx, request, tools if calling else [], identity.request_id, prompt_ids, echo_text, structured)
+    turns = _plan_turns(ctx, shape, identity.request_id, prompt_ids, echo_text)
     turns = transfer.finish(turns)
     threshold = job_threshold(ctx, request.cache_hit_threshold, forced=forced_cache_threshold(call), transfer=transfer)
-    plan = GenerationPlan(
-        identity.request_id,
-        (
-            PromptPlan(
-                prompt_ids,
-                cap,
-                remote_prefill=transfer.remote_prefill,
-                cache_hit_threshold=threshold,
-                kv_multimodal=media,
-            ),
-        ),
-        turns,
-        request.choices_per_prompt,
-    )
-    tool_calls = [turn.tool_calls for turn in turns] if calling else None
+    prompt = parsed.prompt
+    if prompt is None or media or prompt.cache_hit_threshold != threshold:
+        prompt = PromptPlan(
+            prompt_ids,
+            cap,
+            remote_prefill=transfer.remote_prefill,
+            cache_hit_threshold=threshold,
+            kv_multimodal=media,
+        )
+        if keep and not media:  # the same for the body's later requests under the same gate
+            parsed.prompt = prompt
+    plan = GenerationPlan(identity.request_id, (prompt,), turns, shape.choices)
+    tool_calls = [turn.tool_calls for turn in turns] if shape.calling else None
     stop_reasons = [turn.stop_reason for turn in turns]
     logprobs = refusal = None
     if request.logprobs:
@@ -139,25 +190,25 @@ async def chat_completions(call: Call) -> None:
     echo = assistant_echo(request.messages) if request.echo else None
     # prompt details, created cache tokens (chat), block size: the server's, so made once
     usage = usage_style(ctx.model.enable_prompt_tokens_details, True, ctx.engine.options.block_size)
-    if request.streaming:
+    if shape.streaming:
         renderer = ChatStreamRenderer(
             response_id=identity.response_id,
             created=created,
             model=model,
             choices=len(turns),
-            include_usage=request.include_usage,
+            include_usage=shape.include_usage,
             echo=echo,
             tool_calls=tool_calls,
-            required_tool_choice=calling and request.effective_tool_choice == "required",
+            required_tool_choice=shape.calling and shape.tool_choice == "required",
             logprobs=logprobs,
-            chunk_usage=ChunkUsage(len(prompt_ids), with_details=True) if request.continuous_usage else None,
+            chunk_usage=ChunkUsage(len(prompt_ids), with_details=True) if shape.continuous_usage else None,
             fingerprint=ctx.system_fingerprint,
             usage_style=usage,
             stop_reasons=stop_reasons,
         )
         # Not held while the stream runs (memory per stream): the request, a dict class
         # of more fields than CPython shares keys for, takes ~1.6 KB.
-        del fields, request, parsed
+        del request, parsed
         await stream(call, plan, renderer, identity.headers, refusal=refusal)
         return
     ec_params = chat_ec_transfer_params(ctx, media_items)
@@ -172,7 +223,7 @@ async def chat_completions(call: Call) -> None:
         logprobs=logprobs,
         fingerprint=ctx.system_fingerprint,
         usage_style=usage,
-        forced_tool_calls=calling and request.effective_tool_choice != "auto",
+        forced_tool_calls=shape.calling and shape.tool_choice != "auto",
         stop_reasons=stop_reasons,
         kv_transfer_params=transfer.response_params(),
         ec_transfer_params=ec_params,
@@ -181,46 +232,37 @@ async def chat_completions(call: Call) -> None:
 
 
 def _plan_turns(
-    ctx: ApiContext,
-    request: ChatCompletionRequest,
-    tools: list[ToolSpec],
-    request_id: str,
-    prompt_ids: Sequence[int],
-    echo_text: str,
-    structured: StructuredOutput | None,
+    ctx: ApiContext, shape: _ChatShape, request_id: str, prompt_ids: Sequence[int], echo_text: str
 ) -> list[TurnPlan]:
-    """What each choice says: tool calls or text when ``tools`` may be called, else
-    text; text under ``structured`` satisfies it."""
-    max_tokens = request.requested_max_tokens
-    ignore_eos = bool(request.ignore_eos)
-    min_tokens = request.min_tokens or 0
-    if not tools:
+    """What each choice says: tool calls or text when a tool may be called, else text;
+    text under ``shape.structured`` satisfies it."""
+    if not shape.calling:
         return plan_text_choices(
             ctx,
             request_id,
             ((len(prompt_ids), echo_text),),
-            choices_per_prompt=request.choices_per_prompt,
-            max_tokens=max_tokens,
-            ignore_eos=ignore_eos,
-            min_tokens=min_tokens,
-            structured=structured,
-            stop=stop_rule(request),
+            choices_per_prompt=shape.choices,
+            max_tokens=shape.max_tokens,
+            ignore_eos=shape.ignore_eos,
+            min_tokens=shape.min_tokens,
+            structured=shape.structured,
+            stop=shape.stop,
             prompt_ids=(prompt_ids,),
         )
     return plan_choices(
         ctx,
-        tools,
-        request.effective_tool_choice,
+        shape.tools,
+        shape.tool_choice,
         request_id=request_id,
-        choices=request.choices_per_prompt,
-        parallel_tool_calls=request.parallel_tool_calls is not False,
+        choices=shape.choices,
+        parallel_tool_calls=shape.parallel_tool_calls,
         prompt_ids=prompt_ids,
-        max_tokens=max_tokens,
-        ignore_eos=ignore_eos,
+        max_tokens=shape.max_tokens,
+        ignore_eos=shape.ignore_eos,
         echo_text=echo_text,
-        min_tokens=min_tokens,
-        structured=structured,
-        stop=stop_rule(request),
+        min_tokens=shape.min_tokens,
+        structured=shape.structured,
+        stop=shape.stop,
     )
 
 

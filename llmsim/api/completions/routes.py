@@ -16,11 +16,11 @@ from llmsim.api.failures import check_injected_failure
 from llmsim.api.generation import RequestIdentity, check_job_count, check_output_volume, collect, stream
 from llmsim.api.logprobs_format import CompletionLogprobs, EchoedPrompt, choice_seed
 from llmsim.api.logprobs_limit import checked_logprobs
-from llmsim.api.plan import GenerationPlan, PromptPlan, output_cap, plan_text_choices
+from llmsim.api.plan import GenerationPlan, PromptPlan, StructuredOutput, output_cap, plan_text_choices
 from llmsim.api.prompts import CompletionPrompt, check_context_length, completion_prompts
 from llmsim.api.request_fields import check_sampling_params, token_id_refusal
 from llmsim.api.router import Router
-from llmsim.api.stops import stop_rule
+from llmsim.api.stops import StopRule, stop_rule
 from llmsim.api.structured import structured_output
 from llmsim.api.transfer import (
     KvTransfer,
@@ -28,6 +28,7 @@ from llmsim.api.transfer import (
     forced_cache_threshold,
     job_threshold,
 )
+from llmsim.api.turns import TurnPlan
 from llmsim.api.usage import ChunkUsage, usage_style
 
 __all__ = ["completions", "register"]
@@ -36,77 +37,115 @@ __all__ = ["completions", "register"]
 @attrs.define(eq=False)
 class _CompletionBody:
     """A completions body as parsed (:meth:`~llmsim.api.context.Call.parsed` remembers it
-    per distinct body), and its prompts, kept here the first time a request of that body
-    gets that far (a function of the body and the server's tokenizer; errors keep their
-    order)."""
+    per distinct body), and what the handler derives from it, kept here the first time a
+    request of that body gets that far (functions of the body and the server's tokenizer
+    and model options; errors keep their order)."""
 
-    fields: dict[str, Any]
     request: CompletionRequest
+    shape: _CompletionShape | None = None  # its structured output, compiled
     prompts: tuple[CompletionPrompt, ...] | None = None
     caps: tuple[int, ...] | None = None  # each prompt's output cap, once the body passed its checks
+    prompt_plans: tuple[PromptPlan, ...] | None = None  # the prompts' plans (for one gate)
 
 
 def _completion_body(fields: dict[str, Any]) -> _CompletionBody:
-    return _CompletionBody(fields, parse_completion_request(fields))
+    request = parse_completion_request(fields)
+    check_cache_hit_threshold(fields, request.cache_hit_threshold)  # a body check, the first after parsing
+    return _CompletionBody(request)
+
+
+@attrs.frozen
+class _CompletionShape:
+    """What a completions handler reads of its body beyond the prompts, derived once per
+    body (the body is frozen and these are functions of it alone): its structured output
+    (whose 400s come in their place) and the request fields the handler reads, read once
+    rather than through a property per request."""
+
+    structured: StructuredOutput | None
+    stop: StopRule | None
+    choices: int
+    prompt_only: bool  # echo without generation
+    # vLLM generates one token, unseen, for an echo without generation (completion/protocol.py:393,416)
+    max_tokens: int | None
+    ignore_eos: bool
+    min_tokens: int
+    streaming: bool
+    include_usage: bool
+    continuous_usage: bool
+
+    @classmethod
+    def of(cls, request: CompletionRequest) -> _CompletionShape:
+        structured = structured_output(
+            request.response_format, request.structured_outputs, count_param="structured_outputs"
+        )
+        prompt_only = request.echo_without_generation
+        return cls(
+            structured=structured,
+            stop=stop_rule(request),
+            choices=request.choices_per_prompt,
+            prompt_only=prompt_only,
+            max_tokens=1 if prompt_only else request.requested_max_tokens,
+            ignore_eos=bool(request.ignore_eos),
+            min_tokens=request.min_tokens or 0,
+            streaming=request.streaming,
+            include_usage=request.include_usage,
+            continuous_usage=request.continuous_usage,
+        )
 
 
 async def completions(call: Call) -> None:
     ctx = call.ctx
     parsed = call.parsed(_completion_body)
-    fields, request = parsed.fields, parsed.request
-    check_cache_hit_threshold(fields, request.cache_hit_threshold)
+    request = parsed.request
     check_injected_failure(call)  # X-Return-Error, --failure-injection-rate
     model = ctx.resolve_model(request.model)
     transfer = KvTransfer.of(request.kv_transfer_params)
     transfer.check_streaming(request.streaming)
-    structured = structured_output(
-        request.response_format, request.structured_outputs, count_param="structured_outputs"
-    )
+    shape = parsed.shape
+    if shape is None:  # the body's structured output (its 400s): once per body
+        shape = parsed.shape = _CompletionShape.of(request)
     prompts = parsed.prompts
     if prompts is None:  # a function of the body and the server's tokenizer
         prompts = parsed.prompts = tuple(completion_prompts(request.prompt, ctx.tokenizer))
-    check_job_count(ctx, len(prompts) * request.choices_per_prompt, n=request.choices_per_prompt)
-    prompt_only = request.echo_without_generation
-    # vLLM generates one token, unseen, for an echo without generation (completion/protocol.py:393,416)
-    max_tokens = 1 if prompt_only else request.requested_max_tokens
+    n = shape.choices
+    check_job_count(ctx, len(prompts) * n, n=n)
+    max_tokens = shape.max_tokens
     caps = parsed.caps
     if caps is None:  # the body against the server's (fixed) model options: once per body
         caps = parsed.caps = _checked_caps(ctx, request, prompts, max_tokens)
     identity = RequestIdentity.of(call, "cmpl-", request.request_id)
-    n = request.choices_per_prompt
     turns = plan_text_choices(
         ctx,
         identity.request_id,
         [(len(prompt.token_ids), prompt.echo_text) for prompt in prompts],
         choices_per_prompt=n,
         max_tokens=max_tokens,
-        ignore_eos=bool(request.ignore_eos),
-        min_tokens=request.min_tokens or 0,
-        structured=structured,
-        stop=stop_rule(request),
+        ignore_eos=shape.ignore_eos,
+        min_tokens=shape.min_tokens,
+        structured=shape.structured,
+        stop=shape.stop,
         prompt_ids=[prompt.token_ids for prompt in prompts],
     )
     turns = transfer.finish(turns)
     stop_reasons = [turn.stop_reason for turn in turns]
     threshold = job_threshold(ctx, request.cache_hit_threshold, forced=forced_cache_threshold(call), transfer=transfer)
-    plan = GenerationPlan(
-        identity.request_id,
-        [
+    prompt_plans = parsed.prompt_plans
+    if prompt_plans is None or prompt_plans[0].cache_hit_threshold != threshold:  # (never without a prompt)
+        # the same for the body's later requests under the same gate: kept
+        prompt_plans = parsed.prompt_plans = tuple(
             PromptPlan(prompt.token_ids, cap, remote_prefill=transfer.remote_prefill, cache_hit_threshold=threshold)
             for prompt, cap in zip(prompts, caps, strict=True)
-        ],
-        turns,
-        n,
-    )
+        )
+    plan = GenerationPlan(identity.request_id, prompt_plans, turns, n)
     created = int(ctx.wall_clock())
     echo_prompts = [prompt.text for prompt in prompts] if request.echo else None
-    logprobs, refusal = _logprobs(ctx, request, prompts, identity.request_id, [turn.token_texts for turn in turns])
+    logprobs, refusal = _logprobs(ctx, request, prompts, identity.request_id, turns)
     refusal = refusal or token_id_refusal(request, ctx.tokenizer.vocab_size)
     usage = usage_style(ctx.model.enable_prompt_tokens_details, False)  # the server's, so made once
-    if request.streaming:
+    if shape.streaming:
         chunk_usages = (
             [ChunkUsage(len(prompt.token_ids), with_details=False) for prompt in prompts]
-            if request.continuous_usage
+            if shape.continuous_usage
             else None
         )
         renderer = CompletionStreamRenderer(
@@ -115,9 +154,9 @@ async def completions(call: Call) -> None:
             model=model,
             choices=len(turns),
             choices_per_prompt=n,
-            include_usage=request.include_usage,
+            include_usage=shape.include_usage,
             echo_prompts=echo_prompts,
-            prompt_only=prompt_only,
+            prompt_only=shape.prompt_only,
             logprobs=logprobs,
             chunk_usages=chunk_usages,
             fingerprint=ctx.system_fingerprint,
@@ -134,7 +173,7 @@ async def completions(call: Call) -> None:
         jobs=jobs,
         choices_per_prompt=n,
         echo_prompts=echo_prompts,
-        prompt_only=prompt_only,
+        prompt_only=shape.prompt_only,
         logprobs=logprobs,
         fingerprint=ctx.system_fingerprint,
         usage_style=usage,
@@ -168,13 +207,14 @@ def _logprobs(
     request: CompletionRequest,
     prompts: Sequence[CompletionPrompt],
     request_id: str,
-    texts: list[Sequence[str]],
+    turns: Sequence[TurnPlan],
 ) -> tuple[CompletionLogprobs | None, ApiError | None]:
     """The request's logprobs, if it asked, and the error refusing them if it asked
     for too many; with ``echo`` the prompts' tokens are listed too, each decoded on
-    its own as vLLM does; ``texts``: per choice, its tokens' own texts."""
+    its own as vLLM does; each choice's entries name its tokens' own texts."""
     if request.logprobs is None:
         return None, None
+    texts = [turn.token_texts for turn in turns]
     count, refusal = checked_logprobs(ctx, request.logprobs)
     seed = ctx.model.seed
     echoed = None

@@ -25,7 +25,6 @@ from typing import Any
 
 from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 
-from llmsim.api import request_log
 from llmsim.api.context import ApiContext, Call
 from llmsim.api.errors import ApiError, validation_error
 from llmsim.api.failures import check_injected_failure
@@ -42,6 +41,7 @@ from llmsim.api.plan import (
     stop_reason_of_job,
 )
 from llmsim.api.prompts import check_prompt_length
+from llmsim.api.request_log import request_log
 from llmsim.api.sse import PlainTokens
 from llmsim.api.stops import StopRule
 from llmsim.engine.job import Job, JobState
@@ -232,7 +232,7 @@ class GenerateCall:
         sink = CollectingSink(len(plan.choices))
         self._jobs = build_jobs(plan, sink)
         arrival = call.request.received_at  # (as every endpoint's jobs: their request's first bytes)
-        with SubmittedJobs(ctx.engine, self._jobs, ctx.clock, arrival), request_log.logged(ctx, plan, self._jobs):
+        with SubmittedJobs(ctx.engine, self._jobs, ctx.clock, arrival, log=request_log(ctx, plan, self._jobs)):
             await sink.done.wait()
         self._respond(stop_reasons)
 
