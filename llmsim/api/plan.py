@@ -31,7 +31,8 @@ import attrs
 
 from llmsim.api.context import ApiContext
 from llmsim.api.errors import ApiError
-from llmsim.api.stops import StopRule, finish_turn
+from llmsim.api.request_fields import GenerationParams
+from llmsim.api.stops import StopRule, finish_turn, stop_rule
 from llmsim.api.tool_support import planning_errors
 from llmsim.api.turns import TOOL_CALL, Block, TurnPlan, text_blocks
 from llmsim.engine.job import Job
@@ -43,6 +44,7 @@ from llmsim.schema.regex import StringPattern
 
 __all__ = [
     "GenerationPlan",
+    "GenerationShape",
     "PromptPlan",
     "StructuredOutput",
     "as_emitted",
@@ -64,6 +66,35 @@ CHOICE = "choice"
 _JSON_OBJECT_OVERHEAD = 8  # tokens of '{"response": ""}' around a json_object's text
 #: Finish reasons of jobs the engine ended before their plan ran out.
 _ENDED_EARLY = (FinishReason.ABORT, FinishReason.CACHE_THRESHOLD)
+
+
+@attrs.frozen
+class GenerationShape:
+    """The generation fields a chat or completions handler reads, read once per body
+    (the route keeps it on its body-cache entry) rather than through a request property
+    per request."""
+
+    stop: StopRule | None
+    choices: int  # per prompt
+    max_tokens: int | None
+    ignore_eos: bool
+    min_tokens: int
+    streaming: bool
+    include_usage: bool
+    continuous_usage: bool
+
+    @classmethod
+    def of(cls, request: GenerationParams, *, max_tokens: int | None) -> GenerationShape:
+        return cls(
+            stop=stop_rule(request),
+            choices=request.choices_per_prompt,
+            max_tokens=max_tokens,
+            ignore_eos=bool(request.ignore_eos),
+            min_tokens=request.min_tokens or 0,
+            streaming=request.streaming,
+            include_usage=request.include_usage,
+            continuous_usage=request.continuous_usage,
+        )
 
 
 @attrs.frozen

@@ -25,11 +25,10 @@ from llmsim.api.generation import RequestIdentity, check_job_count, check_output
 from llmsim.api.logprobs_format import ChatLogprobs, choice_seed
 from llmsim.api.logprobs_limit import checked_logprobs
 from llmsim.api.media import media_readers
-from llmsim.api.plan import GenerationPlan, PromptPlan, StructuredOutput, output_cap, plan_text_choices
+from llmsim.api.plan import GenerationPlan, GenerationShape, PromptPlan, StructuredOutput, output_cap, plan_text_choices
 from llmsim.api.prompts import check_context_length
 from llmsim.api.request_fields import check_sampling_params, token_id_refusal
 from llmsim.api.router import Router
-from llmsim.api.stops import StopRule, stop_rule
 from llmsim.api.structured import structured_output
 from llmsim.api.transfer import (
     KvTransfer,
@@ -84,14 +83,7 @@ class _ChatShape:
     parallel_tool_calls: bool
     structured: StructuredOutput | None
     transfer: KvTransfer
-    stop: StopRule | None
-    choices: int
-    max_tokens: int | None
-    ignore_eos: bool
-    min_tokens: int
-    streaming: bool
-    include_usage: bool
-    continuous_usage: bool
+    generation: GenerationShape
 
     @classmethod
     def of(cls, request: ChatCompletionRequest) -> _ChatShape:
@@ -109,14 +101,7 @@ class _ChatShape:
             parallel_tool_calls=request.parallel_tool_calls is not False,
             structured=structured,
             transfer=KvTransfer.of(request.kv_transfer_params),
-            stop=stop_rule(request),
-            choices=request.choices_per_prompt,
-            max_tokens=request.requested_max_tokens,
-            ignore_eos=bool(request.ignore_eos),
-            min_tokens=request.min_tokens or 0,
-            streaming=request.streaming,
-            include_usage=request.include_usage,
-            continuous_usage=request.continuous_usage,
+            generation=GenerationShape.of(request, max_tokens=request.requested_max_tokens),
         )
 
 
@@ -130,8 +115,8 @@ async def chat_completions(call: Call) -> None:
         shape = parsed.shape = _ChatShape.of(request)
     model = ctx.resolve_model(request.model)
     transfer = shape.transfer
-    transfer.check_streaming(shape.streaming)
-    check_job_count(ctx, shape.choices)
+    transfer.check_streaming(shape.generation.streaming)
+    check_job_count(ctx, shape.generation.choices)
     # Kept for the body's later requests only without a model template, which may read the
     # clock (strftime_now): the built-in rendering is a function of the body alone.
     keep = ctx.tokenizer.chat_template is None
@@ -147,7 +132,7 @@ async def chat_completions(call: Call) -> None:
     if media_items:  # per request: the prompt's rendering may read the clock (a model template)
         conversation = chat_turns(request.messages, request.tools)
         media = media_readers().kv_multimodal(ctx.tokenizer, conversation, media_items)
-    max_tokens = shape.max_tokens
+    max_tokens = shape.generation.max_tokens
     cap = parsed.cap
     if cap is None:  # the body against the server's (fixed) model options: once per body
         check_context_length(
@@ -156,7 +141,7 @@ async def chat_completions(call: Call) -> None:
         cap = output_cap(ctx, len(prompt_ids), max_tokens)
         check_sampling_params(request, cap)  # SamplingParams, after the prompt (chat_completion/serving.py:350-380)
         top_logprobs = (request.top_logprobs or 0) if request.logprobs else 0
-        check_output_volume(ctx, (cap,), shape.choices, top_logprobs)
+        check_output_volume(ctx, (cap,), shape.generation.choices, top_logprobs)
         if keep:  # the cap depends on the prompt's length
             parsed.cap = cap
     identity = RequestIdentity.of(call, "chatcmpl-", request.request_id)
@@ -177,7 +162,7 @@ async def chat_completions(call: Call) -> None:
         )
         if keep and not media:  # the same for the body's later requests under the same gate
             parsed.prompt = prompt
-    plan = GenerationPlan(identity.request_id, (prompt,), turns, shape.choices)
+    plan = GenerationPlan(identity.request_id, (prompt,), turns, shape.generation.choices)
     tool_calls = [turn.tool_calls for turn in turns] if shape.calling else None
     stop_reasons = [turn.stop_reason for turn in turns]
     logprobs = refusal = None
@@ -190,18 +175,18 @@ async def chat_completions(call: Call) -> None:
     echo = assistant_echo(request.messages) if request.echo else None
     # prompt details, created cache tokens (chat), block size: the server's, so made once
     usage = usage_style(ctx.model.enable_prompt_tokens_details, True, ctx.engine.options.block_size)
-    if shape.streaming:
+    if shape.generation.streaming:
         renderer = ChatStreamRenderer(
             response_id=identity.response_id,
             created=created,
             model=model,
             choices=len(turns),
-            include_usage=shape.include_usage,
+            include_usage=shape.generation.include_usage,
             echo=echo,
             tool_calls=tool_calls,
             required_tool_choice=shape.calling and shape.tool_choice == "required",
             logprobs=logprobs,
-            chunk_usage=ChunkUsage(len(prompt_ids), with_details=True) if shape.continuous_usage else None,
+            chunk_usage=ChunkUsage(len(prompt_ids), with_details=True) if shape.generation.continuous_usage else None,
             fingerprint=ctx.system_fingerprint,
             usage_style=usage,
             stop_reasons=stop_reasons,
@@ -241,12 +226,12 @@ def _plan_turns(
             ctx,
             request_id,
             ((len(prompt_ids), echo_text),),
-            choices_per_prompt=shape.choices,
-            max_tokens=shape.max_tokens,
-            ignore_eos=shape.ignore_eos,
-            min_tokens=shape.min_tokens,
+            choices_per_prompt=shape.generation.choices,
+            max_tokens=shape.generation.max_tokens,
+            ignore_eos=shape.generation.ignore_eos,
+            min_tokens=shape.generation.min_tokens,
             structured=shape.structured,
-            stop=shape.stop,
+            stop=shape.generation.stop,
             prompt_ids=(prompt_ids,),
         )
     return plan_choices(
@@ -254,15 +239,15 @@ def _plan_turns(
         shape.tools,
         shape.tool_choice,
         request_id=request_id,
-        choices=shape.choices,
+        choices=shape.generation.choices,
         parallel_tool_calls=shape.parallel_tool_calls,
         prompt_ids=prompt_ids,
-        max_tokens=shape.max_tokens,
-        ignore_eos=shape.ignore_eos,
+        max_tokens=shape.generation.max_tokens,
+        ignore_eos=shape.generation.ignore_eos,
         echo_text=echo_text,
-        min_tokens=shape.min_tokens,
+        min_tokens=shape.generation.min_tokens,
         structured=shape.structured,
-        stop=shape.stop,
+        stop=shape.generation.stop,
     )
 
 

@@ -16,11 +16,10 @@ from llmsim.api.failures import check_injected_failure
 from llmsim.api.generation import RequestIdentity, check_job_count, check_output_volume, collect, stream
 from llmsim.api.logprobs_format import CompletionLogprobs, EchoedPrompt, choice_seed
 from llmsim.api.logprobs_limit import checked_logprobs
-from llmsim.api.plan import GenerationPlan, PromptPlan, StructuredOutput, output_cap, plan_text_choices
+from llmsim.api.plan import GenerationPlan, GenerationShape, PromptPlan, StructuredOutput, output_cap, plan_text_choices
 from llmsim.api.prompts import CompletionPrompt, check_context_length, completion_prompts
 from llmsim.api.request_fields import check_sampling_params, token_id_refusal
 from llmsim.api.router import Router
-from llmsim.api.stops import StopRule, stop_rule
 from llmsim.api.structured import structured_output
 from llmsim.api.transfer import (
     KvTransfer,
@@ -62,16 +61,8 @@ class _CompletionShape:
     rather than through a property per request."""
 
     structured: StructuredOutput | None
-    stop: StopRule | None
-    choices: int
     prompt_only: bool  # echo without generation
-    # vLLM generates one token, unseen, for an echo without generation (completion/protocol.py:393,416)
-    max_tokens: int | None
-    ignore_eos: bool
-    min_tokens: int
-    streaming: bool
-    include_usage: bool
-    continuous_usage: bool
+    generation: GenerationShape
 
     @classmethod
     def of(cls, request: CompletionRequest) -> _CompletionShape:
@@ -79,17 +70,12 @@ class _CompletionShape:
             request.response_format, request.structured_outputs, count_param="structured_outputs"
         )
         prompt_only = request.echo_without_generation
+        # vLLM generates one token, unseen, for an echo without generation (completion/protocol.py:393,416)
+        max_tokens = 1 if prompt_only else request.requested_max_tokens
         return cls(
             structured=structured,
-            stop=stop_rule(request),
-            choices=request.choices_per_prompt,
             prompt_only=prompt_only,
-            max_tokens=1 if prompt_only else request.requested_max_tokens,
-            ignore_eos=bool(request.ignore_eos),
-            min_tokens=request.min_tokens or 0,
-            streaming=request.streaming,
-            include_usage=request.include_usage,
-            continuous_usage=request.continuous_usage,
+            generation=GenerationShape.of(request, max_tokens=max_tokens),
         )
 
 
@@ -107,9 +93,9 @@ async def completions(call: Call) -> None:
     prompts = parsed.prompts
     if prompts is None:  # a function of the body and the server's tokenizer
         prompts = parsed.prompts = tuple(completion_prompts(request.prompt, ctx.tokenizer))
-    n = shape.choices
+    n = shape.generation.choices
     check_job_count(ctx, len(prompts) * n, n=n)
-    max_tokens = shape.max_tokens
+    max_tokens = shape.generation.max_tokens
     caps = parsed.caps
     if caps is None:  # the body against the server's (fixed) model options: once per body
         caps = parsed.caps = _checked_caps(ctx, request, prompts, max_tokens)
@@ -120,10 +106,10 @@ async def completions(call: Call) -> None:
         [(len(prompt.token_ids), prompt.echo_text) for prompt in prompts],
         choices_per_prompt=n,
         max_tokens=max_tokens,
-        ignore_eos=shape.ignore_eos,
-        min_tokens=shape.min_tokens,
+        ignore_eos=shape.generation.ignore_eos,
+        min_tokens=shape.generation.min_tokens,
         structured=shape.structured,
-        stop=shape.stop,
+        stop=shape.generation.stop,
         prompt_ids=[prompt.token_ids for prompt in prompts],
     )
     turns = transfer.finish(turns)
@@ -142,10 +128,10 @@ async def completions(call: Call) -> None:
     logprobs, refusal = _logprobs(ctx, request, prompts, identity.request_id, turns)
     refusal = refusal or token_id_refusal(request, ctx.tokenizer.vocab_size)
     usage = usage_style(ctx.model.enable_prompt_tokens_details, False)  # the server's, so made once
-    if shape.streaming:
+    if shape.generation.streaming:
         chunk_usages = (
             [ChunkUsage(len(prompt.token_ids), with_details=False) for prompt in prompts]
-            if shape.continuous_usage
+            if shape.generation.continuous_usage
             else None
         )
         renderer = CompletionStreamRenderer(
@@ -154,7 +140,7 @@ async def completions(call: Call) -> None:
             model=model,
             choices=len(turns),
             choices_per_prompt=n,
-            include_usage=shape.include_usage,
+            include_usage=shape.generation.include_usage,
             echo_prompts=echo_prompts,
             prompt_only=shape.prompt_only,
             logprobs=logprobs,
