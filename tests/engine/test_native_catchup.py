@@ -250,15 +250,21 @@ def overridden_run(native: bool, quantum: float) -> tuple[list[str], list[str]]:
     engine.calls = []
     log: list[Any] = []
     jobs = [Job([1], ("x",) * 12, "stop", Sink(log, index, engine)) for index in range(3)]  # type: ignore[arg-type]
+    return engine.calls, [*run_late(engine, jobs, 0.07), repr(log)]
+
+
+def run_late(engine: Engine, jobs: list[Job], gap: float) -> list[Any]:
+    """Submit ``jobs`` at 0, then step at least ``gap`` after the last step until nothing
+    is due: the state after each step."""
     for job in jobs:
         engine.submit(job, 0.0)
     now = 0.0
     states = []
     while (deadline := engine.next_deadline()) != float("inf"):
-        now = max(now + 0.07, deadline)
+        now = max(now + gap, deadline)
         engine.step(now)
         states.append(snapshot(engine, jobs))
-    return engine.calls, [*states, repr(log)]
+    return states
 
 
 @pytest.mark.parametrize("quantum", [0.0, 0.002])
@@ -282,15 +288,7 @@ def test_a_sink_that_reconfigures_mid_step(quantum: float) -> None:
             Job([1], ("x",) * 30, "stop", Sink(log, index, engine, reconfigure_at=3 if index == 0 else -1))  # type: ignore[arg-type]
             for index in range(4)
         ]
-        for job in jobs:
-            engine.submit(job, 0.0)
-        now = 0.0
-        run = []
-        while (deadline := engine.next_deadline()) != float("inf"):
-            now = max(now + 0.09, deadline)
-            engine.step(now)
-            run.append(snapshot(engine, jobs))
-        states.append([*run, repr(log)])
+        states.append([*run_late(engine, jobs, 0.09), repr(log)])
     assert states[1] == states[0]
 
 
