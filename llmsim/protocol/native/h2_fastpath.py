@@ -1,4 +1,6 @@
-"""The one module that touches h2's internals: the fast path of the server's HTTP/2.
+"""The one module that touches h2's internals: the fast path of the server's HTTP/2
+(with its receiving half, :mod:`.h2_receive`, and the objects of :mod:`.h2_inbound`
+and :mod:`.h2_objects`).
 
 Everything here leans on h2 4.x as it is inside (its state machines, its stream
 objects and window attributes, its private receive methods), which is why
@@ -52,7 +54,9 @@ effect in the states we act in is skipped, and the rest is done exactly as h2 wo
   GOAWAY.  A block :mod:`.h2_inbound` remembers (the same bytes, so the same fields)
   that passed as an ordinary request head is not checked again, and the stream it
   opens is made directly (:func:`.h2_inbound.open_request`, as h2's stream and its state
-  machine would make it); so is the DATA of an open stream (:func:`.h2_inbound.request_data`).
+  machine would make it); so is the DATA of an open stream
+  (:func:`.h2_inbound.request_data`).  Neither frame is made a hyperframe object unless
+  h2's own path needs it (:class:`.h2_inbound.RequestFrame`; :mod:`.h2_receive`).
 
 ``tests/protocol/native/test_fastpath_frames.py`` checks the DATA path against h2
 itself (the same writes, window updates and settings sent through h2's ``send_data``
@@ -69,19 +73,24 @@ from collections.abc import Sequence
 import h2.config
 import h2.connection
 import h2.events
-from h2.connection import AllowedStreamIDs, ConnectionInputs, ConnectionState, _decode_headers
+from h2.connection import AllowedStreamIDs, ConnectionState
 from h2.errors import ErrorCodes
-from h2.exceptions import ProtocolError, StreamClosedError, StreamIDTooLowError, TooManyStreamsError
+from h2.exceptions import StreamClosedError, StreamIDTooLowError
 from h2.settings import SettingCodes, Settings
 from h2.stream import STREAM_OPEN, H2Stream, H2StreamStateMachine, StreamClosedBy, StreamInputs, StreamState
 from h2.windows import WindowManager
-from hyperframe.frame import DataFrame, Frame, HeadersFrame, RstStreamFrame, WindowUpdateFrame
+from hyperframe.frame import Frame, RstStreamFrame, WindowUpdateFrame
 
 from llmsim.protocol.native.frames import FRAME_HEADER, data_frames, header_block_frames
 from llmsim.protocol.native.h2_hpack import CachingEncoder
-from llmsim.protocol.native.h2_inbound import Block, CachingDecoder, InboundFrames, open_request, request_data
+from llmsim.protocol.native.h2_inbound import (
+    CachingDecoder,
+    InboundFrames,
+    RequestData,
+    RequestHeaders,
+)
 from llmsim.protocol.native.h2_objects import ConnectionMachine, RequestStream, StreamMachine, request_stream
-from llmsim.protocol.native.h2_validation import HEADER_EVENTS, check_header_block
+from llmsim.protocol.native.h2_receive import ReceivingConnection
 from llmsim.speedups import installer
 
 __all__ = [
@@ -108,7 +117,6 @@ _CLOSED = StreamState.CLOSED
 _SEND_END_STREAM = StreamInputs.SEND_END_STREAM
 _SEND_HEADERS = StreamInputs.SEND_HEADERS
 _CLOSED_BY_SEND_END_STREAM = StreamClosedBy.SEND_END_STREAM
-_RECV_HEADERS = ConnectionInputs.RECV_HEADERS
 # h2's closed streams are a SizeLimitDict (an OrderedDict trimming itself on each
 # insertion, in Python): the walk inserts without the trim, then trims once.
 _remember = collections.OrderedDict.__setitem__
@@ -133,7 +141,7 @@ _CONFIG = h2.config.H2Configuration(
 _UNLIMITED_STREAMS = 2**31 - 1
 
 
-class ServerConnection(h2.connection.H2Connection):
+class ServerConnection(ReceivingConnection):
     """h2's server connection, with the per-request costs above made cheap, a malformed
     request a stream error, and a bounded memory of closed streams.
 
@@ -150,9 +158,6 @@ class ServerConnection(h2.connection.H2Connection):
 
     MAX_CLOSED_STREAMS = 256
     _next_walk = 64
-    #: Requests answered with RST_STREAM PROTOCOL_ERROR so far (the handler charges them
-    #: to the client's reset budget).
-    stream_errors = 0
 
     def __init__(self, config: h2.config.H2Configuration) -> None:
         super().__init__(config)
@@ -160,12 +165,13 @@ class ServerConnection(h2.connection.H2Connection):
         # A request's frames made directly, a repeated header block decoded once
         # (h2_inbound); h2 sets the decoder's limits as ever.
         self.incoming_buffer = InboundFrames(server=True)
-        self.decoder: CachingDecoder = CachingDecoder(self.decoder.max_header_list_size)
+        self.decoder = CachingDecoder(self.decoder.max_header_list_size)
         # A repeated response head encoded once (h2_hpack); h2 resizes its table as ever.
         self.encoder: CachingEncoder = CachingEncoder()
-        #: Streams whose request head is a remembered, ordinary block (by stream id,
-        #: until the handler takes it): the handler makes its request of it once.
-        self.plain_requests: dict[int, Block] = {}
+        self.plain_requests = {}  # (see ReceivingConnection)
+        # An ordinary request's frames, as InboundFrames yields them (no hyperframe object).
+        self._frame_dispatch_table[RequestHeaders] = self._receive_request_headers  # type: ignore[index]
+        self._frame_dispatch_table[RequestData] = self._receive_request_data  # type: ignore[index]
 
     def _begin_new_stream(self, stream_id: int, allowed_ids: AllowedStreamIDs) -> H2Stream:
         """h2's, its new stream made a :class:`.h2_objects.RequestStream` (as
@@ -248,75 +254,6 @@ class ServerConnection(h2.connection.H2Connection):
             if frames:  # (_prepare_for_sending does nothing without: a request's frames make none)
                 self._prepare_for_sending(frames)
         return events
-
-    def _receive_data_frame(self, frame: DataFrame) -> tuple[list[Frame], list[h2.events.Event]]:
-        """h2's own; on an OPEN stream, :func:`.h2_inbound.request_data`."""
-        stream = self.streams.get(frame.stream_id)
-        if stream is None or self.state_machine.state is not _SERVER_OPEN:
-            return super()._receive_data_frame(frame)
-        machine = stream.state_machine
-        if machine.state is not _OPEN or not machine.headers_received:
-            return super()._receive_data_frame(frame)
-        return [], request_data(self, stream, frame)
-
-    def _receive_headers_frame(self, frame: HeadersFrame) -> tuple[list[Frame], list[h2.events.Event]]:
-        """h2's own, then the header block check h2 would have made inside it.
-
-        A malformed request (RFC 9113 section 8.1.1: a bad pseudo-header, field or
-        ``content-length``) that has decoded (so HPACK state is intact) and opened its
-        stream is a *stream* error: RST_STREAM PROTOCOL_ERROR, and no event; h2 would
-        have closed the connection, ending every other stream too.  Anything else h2
-        raises (HPACK, stream ids, the stream limit, trailers) stays a connection error.
-        """
-        sid = frame.stream_id
-        opening = sid not in self.streams and sid > self.highest_inbound_stream_id
-        try:
-            frames, events, block = self._receive_header_block(frame, opening)
-            if block is not None and block.plain and type(events[0]) is h2.events.RequestReceived:
-                self.plain_requests[sid] = block  # checked when it was first seen
-            elif check_header_block(events) and block is not None:
-                block.plain = True
-                block.content_length = self.streams[sid]._expected_content_length
-                self.plain_requests[sid] = block
-        except ProtocolError:
-            stream = self.streams.get(sid)
-            if not opening or stream is None or stream.state_machine.state not in (_OPEN, _HALF_CLOSED_REMOTE):
-                raise
-            self.reset_stream(sid, ErrorCodes.PROTOCOL_ERROR)
-            self.stream_errors += 1
-            return [], []
-        return frames, events
-
-    def _receive_header_block(
-        self, frame: HeadersFrame, opening: bool
-    ) -> tuple[list[Frame], list[h2.events.Event], Block | None]:
-        """h2 4.x's ``_receive_headers_frame`` (its events, and the block the decoder
-        remembers for this frame's, if any), where a stream opened by a remembered
-        ordinary request head is made by :func:`.h2_inbound.open_request`."""
-        sid = frame.stream_id
-        if sid not in self.streams:
-            max_open_streams = self.local_settings.max_concurrent_streams
-            value = self.open_inbound_streams
-            if (value + 1) > max_open_streams:
-                raise TooManyStreamsError(f"Max inbound streams is {max_open_streams}, {value} open")
-        headers = _decode_headers(self.decoder, frame.data)
-        block = self.decoder.take_last()  # (this frame's block, if remembered)
-        # (RECV_HEADERS leaves SERVER_OPEN as it is, with no event.)
-        events = [] if self.state_machine.state is _SERVER_OPEN else self.state_machine.process_input(_RECV_HEADERS)
-        flags = frame.flags._flags  # (the flag names: a set's ``in``, not Flags.__contains__)
-        if block is not None and block.plain and opening and sid & 1 and "PRIORITY" not in flags:
-            assert isinstance(headers, list)
-            return [], events + open_request(self, sid, block, headers, "END_STREAM" in flags), block
-        stream = self._get_or_create_stream(sid, AllowedStreamIDs(not self.config.client_side))
-        frames, stream_events = stream.receive_headers(headers, "END_STREAM" in flags, self.config.header_encoding)
-        if "PRIORITY" in flags:
-            p_frames, p_events = self._receive_priority_frame(frame)
-            assert isinstance(stream_events[0], HEADER_EVENTS)
-            assert isinstance(p_events[0], h2.events.PriorityUpdated)
-            stream_events[0].priority_updated = p_events[0]
-            stream_events.extend(p_events)
-            assert not p_frames
-        return frames, events + stream_events, block
 
 
 def _end_stream_sent(machine: H2StreamStateMachine) -> None:

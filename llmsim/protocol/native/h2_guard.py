@@ -70,6 +70,7 @@ MAX_SETTINGS = 32
 PREFACE_SIZE = 24
 
 _HEADER = struct.Struct(">HBBBL")  # the 24-bit length as 16 + 8 bits, type, flags, stream id
+_HEADER_SIZE = _HEADER.size
 _DATA, _HEADERS, _PRIORITY, _RST_STREAM, _SETTINGS, _PING, _CONTINUATION = 0x0, 0x1, 0x2, 0x3, 0x4, 0x6, 0x9
 _ACK = _END_STREAM = 0x1
 _END_HEADERS = 0x4
@@ -145,28 +146,32 @@ class FrameGuard:
             offset = min(need + self._skip, size)
             self._skip -= offset - need
         unpack, max_frame, max_block = _HEADER.unpack_from, self.max_frame_size, self.max_block_size
-        while offset + _HEADER.size <= size:
+        # Frame by frame: ``end`` is where the frame after the one at ``offset`` starts.
+        # The current frame's type and unread payload (``_kind``, ``_skip``) are kept
+        # once the loop is done, or before a frame goes to _frame: not for every frame.
+        end, kind = offset, -1
+        while end + _HEADER_SIZE <= size:
+            offset, last = end, kind
             high, low, kind, flags, _ = unpack(data, offset)
             length = high << 8 | low
+            end = offset + _HEADER_SIZE + length
             # The two frames of an ordinary request, as _frame accounts them, without its
             # call: DATA that is not empty or ends its stream (nothing to count), and a
             # header block whole in one HEADERS frame within the limit (none open: it
             # opens and closes at once).  Everything else goes through _frame.
-            if length <= max_frame and (
+            if length > max_frame or not (
                 (kind == _DATA and (length or flags & _END_STREAM))
                 or (kind == _HEADERS and flags & _END_HEADERS and length <= max_block and self._block < 0)
             ):
-                self._kind = kind
-            else:
+                if last >= 0:  # (the frame before it, complete)
+                    self._kind, self._skip = last, 0
                 error = self._frame(data, offset, now)
                 if error is not None:
                     return offset, error
-                length = self._skip
-            start = offset + _HEADER.size
-            offset = start + length
-            if offset > size:
-                offset = size
-            self._skip = length - (offset - start)
+        if kind >= 0:  # (a frame header was read)
+            self._kind = kind
+            self._skip = max(end - size, 0)
+            offset = min(end, size)
         if offset < size:
             self._partial = data[offset:]
         return self._settle(size, now)

@@ -7,10 +7,14 @@ its buffer into memoryviews, building the frame class's ``Flags`` from its flag
 definitions, and running the padding and priority parsers, all in Python.  For the two
 frames of an ordinary request (DATA without padding, HEADERS with END_HEADERS and
 neither padding nor priority, on a stream other than 0, complete in the buffer and
-within the frame size limit) the same frame objects are made directly: the same class,
-the same attributes with the same values, the same ``Flags``.  Everything else
-(CONTINUATION, padding, priority, a header block still open, control frames) goes
-through h2's own code, which raises what it always raised.
+within the frame size limit) no hyperframe object is made at all: a
+:class:`RequestFrame` (:class:`RequestHeaders` or :class:`RequestData`: three slots,
+the stream, the payload and END_STREAM) goes to the connection, whose frame dispatch
+table sends it to its own handlers (:class:`.h2_fastpath.ServerConnection`); where they
+need h2's generic path, :meth:`RequestFrame.parsed` makes the frame hyperframe would
+have made (the same class, attributes and ``Flags``).  Everything else (CONTINUATION,
+padding, priority, a header block still open, control frames) goes through h2's own
+code, which raises what it always raised.
 
 **HPACK** (:class:`CachingDecoder`): a client that sends the same request over and
 over (a load generator, an SDK in a loop) sends the same header block: after its first
@@ -49,12 +53,11 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from h2.connection import H2Connection
 from h2.events import DataReceived, Event, RequestReceived, StreamEnded
 from h2.frame_buffer import FrameBuffer
-from h2.settings import SettingCodes
 from h2.stream import H2Stream, StreamState
 from hpack import Decoder, HeaderTuple
 from hpack.struct import Header
@@ -71,6 +74,9 @@ __all__ = [
     "CachingDecoder",
     "CountingTable",
     "InboundFrames",
+    "RequestData",
+    "RequestFrame",
+    "RequestHeaders",
     "open_request",
     "request_data",
 ]
@@ -85,11 +91,75 @@ _DATA_FLAGS = {flag.name for flag in DataFrame.defined_flags}
 _HEADERS_FLAGS = {flag.name for flag in HeadersFrame.defined_flags}
 
 
-class InboundFrames(FrameBuffer):
-    """h2's frame buffer, making an ordinary request's frames directly (see the
-    module docstring)."""
+class RequestFrame:
+    """One of an ordinary request's two frames as read, before any hyperframe object is
+    made of it: its stream, payload and END_STREAM flag (see the module docstring)."""
 
-    def __next__(self) -> Frame:
+    __slots__ = ("data", "end_stream", "stream_id")
+
+    data: bytes
+    end_stream: bool
+    stream_id: int
+
+    def parsed(self) -> Frame:
+        """The frame hyperframe would have parsed from the same bytes: the same class and
+        attributes, the same ``Flags``."""
+        raise NotImplementedError
+
+
+class RequestHeaders(RequestFrame):
+    """A HEADERS frame with END_HEADERS, without padding or priority."""
+
+    __slots__ = ()
+
+    def parsed(self) -> HeadersFrame:
+        frame = _with_flags(
+            HeadersFrame, _HEADERS_FLAGS, {"END_HEADERS", "END_STREAM"} if self.end_stream else {"END_HEADERS"}
+        )
+        frame.depends_on = 0
+        frame.stream_weight = 0
+        frame.exclusive = False
+        return _with_payload(frame, self)
+
+
+class RequestData(RequestFrame):
+    """A DATA frame without padding."""
+
+    __slots__ = ()
+
+    def parsed(self) -> DataFrame:
+        frame = _with_flags(DataFrame, _DATA_FLAGS, {"END_STREAM"} if self.end_stream else set())
+        return _with_payload(frame, self)
+
+
+_FrameT = TypeVar("_FrameT", DataFrame, HeadersFrame)
+
+
+def _with_flags(cls: type[_FrameT], valid: set[str], names: set[str]) -> _FrameT:
+    """A ``cls`` frame with the flags ``names`` set, as ``Frame.parse_flags`` makes them."""
+    frame = _new(cls)
+    flags: Flags = _new(Flags)
+    flags._valid_flags = valid
+    flags._flags = names
+    frame.flags = flags
+    return frame
+
+
+def _with_payload(frame: _FrameT, raw: RequestFrame) -> _FrameT:
+    frame.stream_id = raw.stream_id
+    frame.body_len = len(raw.data)
+    frame.pad_length = 0
+    frame.data = raw.data
+    return frame
+
+
+class InboundFrames(FrameBuffer):
+    """h2's frame buffer, yielding an ordinary request's frames as :class:`RequestFrame`
+    objects (see the module docstring); every other frame as h2 parses it."""
+
+    # (h2's loop hands each item to the connection's dispatch table, by class: the server
+    # connection's has entries for the two RequestFrame classes.)
+    def __next__(self) -> Frame | RequestFrame:  # type: ignore[override]
         data = self._data
         if len(data) < 9 or self._headers_buffer:
             return super().__next__()
@@ -99,29 +169,21 @@ class InboundFrames(FrameBuffer):
         stream_id &= 0x7FFFFFFF
         if not stream_id or len(data) < end or length > self.max_frame_size:
             return super().__next__()
-        frame: DataFrame | HeadersFrame
-        # (Flags as ``Frame.parse_flags`` makes them: the class's flag names, and those set.)
-        flags: Flags = object.__new__(Flags)
+        frame: RequestFrame
         if kind == 0x0 and not bits & _PADDED:
-            frame = object.__new__(DataFrame)
-            flags._valid_flags = _DATA_FLAGS
-            flags._flags = {"END_STREAM"} if bits & _END_STREAM else set()
+            frame = _new(RequestData)
         elif kind == 0x1 and bits & _END_HEADERS and not bits & (_PADDED | _PRIORITY):
-            frame = object.__new__(HeadersFrame)
-            flags._valid_flags = _HEADERS_FLAGS
-            flags._flags = {"END_HEADERS", "END_STREAM"} if bits & _END_STREAM else {"END_HEADERS"}
-            frame.depends_on = 0
-            frame.stream_weight = 0
-            frame.exclusive = False
+            frame = _new(RequestHeaders)
         else:
             return super().__next__()
-        frame.flags = flags
         frame.stream_id = stream_id
-        frame.body_len = length
-        frame.pad_length = 0
+        frame.end_stream = bool(bits & _END_STREAM)
         frame.data = bytes(data[9:end])
         del data[:end]
         return frame
+
+
+_new = object.__new__
 
 
 # --- HPACK --------------------------------------------------------------------------------
@@ -202,6 +264,16 @@ class CachingDecoder(Decoder):
             self._last = blocks[bytes(data)] = Block(tuple(headers))
         return headers
 
+    def remembered(self, data: bytes) -> Block | None:
+        """The remembered block of ``data`` if the decoder's state is the one it was
+        remembered in: then ``decode(data, raw=True)`` would return ``list(block.fields)``
+        and change nothing, so the caller need not call it."""
+        table = self.header_table
+        assert isinstance(table, CountingTable)
+        if (table.generation, self.max_header_list_size, self.max_allowed_table_size) != self._state:
+            return None
+        return self._blocks.get(data)
+
     def take_last(self) -> Block | None:
         """The block decoded last, if it is remembered; once."""
         block, self._last = self._last, None
@@ -211,18 +283,18 @@ class CachingDecoder(Decoder):
 # --- streams ------------------------------------------------------------------------------
 
 _OPEN, _HALF_CLOSED_REMOTE = StreamState.OPEN, StreamState.HALF_CLOSED_REMOTE
-_INITIAL_WINDOW_SIZE = SettingCodes.INITIAL_WINDOW_SIZE
 
 
 def open_request(
-    conn: H2Connection, stream_id: int, block: Block, headers: list[Header], end_stream: bool
+    conn: H2Connection, stream: RequestStream, block: Block, headers: list[Header], end_stream: bool
 ) -> list[Event]:
-    """The events of a HEADERS frame that opens stream ``stream_id`` (odd, above every
-    stream the client opened, no PRIORITY flag) with a remembered ordinary request head
-    (``block``; ``headers``, as decoded): what h2's ``_begin_new_stream`` and
-    ``H2Stream.receive_headers`` do, without what has no effect here.
+    """The events of a HEADERS frame that opens ``stream`` (a new one, its id odd and
+    above every stream the client opened, made as h2's ``_begin_new_stream`` makes it;
+    no PRIORITY flag) with a remembered ordinary
+    request head (``block``; ``headers``, as decoded): what h2's ``_begin_new_stream``
+    and ``H2Stream.receive_headers`` do, without what has no effect here.
 
-    The stream is made and registered as ``_begin_new_stream`` makes it (less its debug
+    The stream is registered as ``_begin_new_stream`` registers it (less its debug
     logs); its state machine takes ``RECV_HEADERS`` (and ``RECV_END_STREAM``) exactly
     as its transitions ``request_received`` (and ``stream_half_closed``) do, from IDLE to
     OPEN (to HALF_CLOSED_REMOTE), with the same events.  Skipped: the informational
@@ -232,15 +304,7 @@ def open_request(
     it (``_initialize_content_length`` depends on nothing else: a new stream's
     ``request_method`` is None).
     """
-    stream = RequestStream(
-        stream_id,
-        config=conn.config,
-        # (Settings.initial_window_size: the current value, read as Settings.__getitem__
-        # reads it, without its two Python calls.)
-        inbound_window_size=conn.local_settings._settings[_INITIAL_WINDOW_SIZE][0],
-        outbound_window_size=conn.remote_settings._settings[_INITIAL_WINDOW_SIZE][0],
-    )
-    stream.max_outbound_frame_size = conn.max_outbound_frame_size
+    stream_id = stream.stream_id
     conn.streams[stream_id] = stream
     conn.highest_inbound_stream_id = stream_id
     machine = stream.state_machine
@@ -259,21 +323,17 @@ def open_request(
     return events
 
 
-def request_data(conn: H2Connection, stream: H2Stream, frame: DataFrame) -> list[Event]:
-    """The events of a DATA ``frame`` on ``stream``, which is OPEN (its request head
-    received) on a connection in SERVER_OPEN: what h2's ``_receive_data_frame`` and
+def request_data(conn: H2Connection, stream: H2Stream, data: bytes, length: int, end_stream: bool) -> list[Event]:
+    """The events of a DATA frame (``data``, ``length`` bytes flow-controlled, with
+    END_STREAM or not) on ``stream``, which is OPEN (its request head received) on a
+    connection in SERVER_OPEN: what h2's ``_receive_data_frame`` and
     ``H2Stream.receive_data`` do, in the same order (so a flow-control or
     ``content-length`` error leaves the same state behind), with the state machines'
     no-op transitions (``RECV_DATA`` from SERVER_OPEN to SERVER_OPEN, from OPEN to
     OPEN) made by hand, and ``RECV_END_STREAM`` as ``stream_half_closed`` makes it."""
-    # (hyperframe's ``flow_controlled_length`` and ``in frame.flags``, on the flag set itself.)
-    flags = frame.flags._flags
-    data = frame.data
-    length = len(data) + frame.pad_length + 1 if "PADDED" in flags else len(data)
     conn._inbound_flow_control_window_manager.window_consumed(length)
     event = DataReceived(stream_id=stream.stream_id)
     stream._inbound_window_manager.window_consumed(length)
-    end_stream = "END_STREAM" in flags
     stream._track_content_length(len(data), end_stream)
     events: list[Event] = [event]
     if end_stream:

@@ -13,7 +13,7 @@ import h2.settings
 import pytest
 from h2.stream import H2Stream, StreamState
 
-from llmsim.protocol.native import h2_fastpath
+from llmsim.protocol.native import h2_receive
 from llmsim.protocol.native.h2_fastpath import ServerConnection, server_connection
 from llmsim.protocol.native.h2_inbound import open_request
 from llmsim.protocol.native.h2_objects import ConnectionMachine, RequestStream, StreamMachine, request_stream
@@ -41,11 +41,11 @@ def test_streams_opened_by_h2_and_by_open_request_are_slotted_alike(monkeypatch:
     client's HPACK encoder indexes the second head: the third has its bytes.)"""
     opened: list[int] = []
 
-    def counted(conn: h2.connection.H2Connection, sid: int, *args: Any) -> list[h2.events.Event]:
-        opened.append(sid)
-        return open_request(conn, sid, *args)
+    def counted(conn: h2.connection.H2Connection, stream: RequestStream, *args: Any) -> list[h2.events.Event]:
+        opened.append(stream.stream_id)
+        return open_request(conn, stream, *args)
 
-    monkeypatch.setattr(h2_fastpath, "open_request", counted)
+    monkeypatch.setattr(h2_receive, "open_request", counted)
     peer, server = client(), server_connection(100, 65536, None)
     assert type(server.state_machine) is ConnectionMachine and "state" not in vars(server.state_machine)
     for sid, extra in ((1, []), (3, []), (5, []), (7, [(b"x-request-id", b"7")])):

@@ -23,7 +23,7 @@ import pytest
 from h2.settings import SettingCodes, Settings
 from hyperframe.frame import DataFrame
 
-from llmsim.protocol.native import h2_fastpath
+from llmsim.protocol.native import h2_fastpath, h2_receive
 from llmsim.protocol.native.h2_fastpath import server_connection
 from tests.protocol.helpers import h2_fields
 
@@ -74,9 +74,9 @@ def test_a_remembered_request_head_opens_its_stream_exactly_as_h2_does(
     end_stream: bool, length: bytes | None, priority: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     opened, bodies = [], []
-    real_open, real_data = h2_fastpath.open_request, h2_fastpath.request_data
-    monkeypatch.setattr(h2_fastpath, "open_request", lambda *args: opened.append(args[1]) or real_open(*args))
-    monkeypatch.setattr(h2_fastpath, "request_data", lambda *args: bodies.append(args[2].data) or real_data(*args))
+    real_open, real_data = h2_receive.open_request, h2_receive.request_data
+    monkeypatch.setattr(h2_receive, "open_request", lambda *args: opened.append(args[1].stream_id) or real_open(*args))
+    monkeypatch.setattr(h2_receive, "request_data", lambda *args: bodies.append(args[2]) or real_data(*args))
     client, ours, reference = connections()
     head = [*REQUEST, (b"content-length", length)] if length is not None else REQUEST
     for index in range(4):
