@@ -14,6 +14,7 @@ import httpx
 import hyperframe.frame
 import pytest
 import trio
+import trio.testing
 from h2.errors import ErrorCodes
 
 from llmsim.api.http import HttpRequest, ResponseStream
@@ -45,9 +46,10 @@ async def test_without_the_header_the_frames_are_todays() -> None:
     assert b"".join(events(client.on(sid))).endswith(b"data: [DONE]\n\n")
 
 
-async def test_every_event_leaves_in_its_own_data_frame() -> None:
+async def test_every_event_leaves_in_its_own_data_frame(autojump_clock: trio.testing.MockClock) -> None:
     """4 tokens: one DATA frame per write (the last token's chunk and ``[DONE]`` are one
-    ``end()``), then an empty DATA frame with END_STREAM."""
+    ``end()``), then an empty DATA frame with END_STREAM.  (On the autojump clock: on
+    the real one, a step a loaded machine starts late writes two tokens at once.)"""
     async with simulator() as server:
         client = await RawH2.connect(server.handle.port)
         sid = await client.post("stall=0:0", max_tokens=4)
