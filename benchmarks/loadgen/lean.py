@@ -5,10 +5,15 @@ every SSE event; at one stream it adds about 2.5 ms to each TTFT it measures (it
 scheduling and parsing on a shared machine), five times the 1 % the low-load goal
 allows at TTFT 50 ms.  A user's lean client (``curl``, a few lines of ``socket``) adds
 almost nothing, and the issue's low-load figure is what such a client measures.  Here
-each stream is a thread with one keep-alive HTTP/1.1 connection that sends a streaming
-chat, stamps the time of ``sendall`` and of the first ``recv`` that completes an event
-with non-empty ``content``, reads the rest of the response, and repeats: nothing but
-the kernel and one regular-expression search per read between the two stamps.
+each stream is a process of its own (threads of one process wait for each other's GIL
+when their reads return together, and in the benchmark's own process for its sampler
+thread too: about 1.8 ms at the median, measured) with one keep-alive HTTP/1.1
+connection that sends a streaming chat, stamps the time of ``sendall`` and of the first
+``recv`` that completes an event with non-empty ``content``, reads the rest of the
+response, and repeats: nothing but the kernel and one regular-expression search per
+read between the two stamps.
+
+    python benchmarks/loadgen/lean.py PORT MODEL WARMUP DURATION MAX_TOKENS   # one stream: its TTFTs as JSON
 """
 
 from __future__ import annotations
@@ -17,12 +22,13 @@ import json
 import re
 import socket
 import statistics
-import threading
+import subprocess
+import sys
 import time
 
 import attrs
 
-__all__ = ["LeanResult", "lean_ttfts"]
+__all__ = ["LeanResult", "lean_ttfts", "stream_ttfts"]
 
 #: An SSE event whose ``content`` is not empty: a token (the role chunk's is "").
 _CONTENT = re.compile(rb'"content": ?"[^"]')
@@ -44,33 +50,38 @@ class LeanResult:
 def lean_ttfts(
     port: int, *, model: str, streams: int, duration: float, max_tokens: int, warmup: float = 1.0
 ) -> LeanResult:
-    """Run ``streams`` lean streams against ``127.0.0.1:port`` for ``warmup + duration``
-    seconds; the TTFTs of the requests sent after the warm-up."""
+    """Run ``streams`` lean streams, one process each, against ``127.0.0.1:port`` for
+    ``warmup + duration`` seconds; the TTFTs of the requests sent after the warm-up."""
+    argv = [sys.executable, "-P", __file__, str(port), model, repr(warmup), repr(duration), str(max_tokens)]
+    workers = [
+        subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(streams)
+    ]
+    ttfts: list[float] = []
+    failures = []
+    for worker in workers:
+        out, err = worker.communicate(timeout=warmup + duration + 60)
+        if worker.returncode:
+            failures.append(err.strip().splitlines()[-1] if err.strip() else f"exit status {worker.returncode}")
+        else:
+            ttfts += json.loads(out)
+    if failures:
+        raise RuntimeError(f"lean client on port {port}: {failures[0]}")
+    return LeanResult(tuple(ttfts))
+
+
+def stream_ttfts(port: int, *, model: str, warmup: float, duration: float, max_tokens: int) -> list[float]:
+    """One lean stream (this process): the TTFTs of the requests sent after ``warmup``."""
     request = _request(model, max_tokens)
     start = time.perf_counter()
     measured_from, end = start + warmup, start + warmup + duration
-    results: list[list[float]] = [[] for _ in range(streams)]
-    errors: list[BaseException] = []
-
-    def stream(ttfts: list[float]) -> None:
-        try:
-            with socket.create_connection(("127.0.0.1", port)) as sock:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                while (sent := time.perf_counter()) < end:
-                    first = _one_response(sock, request)
-                    if sent >= measured_from:
-                        ttfts.append(first - sent)
-        except BaseException as exc:  # reported by the caller, not lost in a thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=stream, args=(ttfts,), daemon=True) for ttfts in results]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise RuntimeError(f"lean client on port {port}: {errors[0]!r}") from errors[0]
-    return LeanResult(tuple(ttft for ttfts in results for ttft in ttfts))
+    ttfts = []
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while (sent := time.perf_counter()) < end:
+            first = _one_response(sock, request)
+            if sent >= measured_from:
+                ttfts.append(first - sent)
+    return ttfts
 
 
 def _request(model: str, max_tokens: int) -> bytes:
@@ -105,3 +116,11 @@ def _one_response(sock: socket.socket, request: bytes) -> float:
     if not first:
         raise ValueError(f"a response without a token: {received[-200:]!r}")
     return first
+
+
+if __name__ == "__main__":
+    port, model, warmup, duration, max_tokens = sys.argv[1:6]
+    ttfts = stream_ttfts(
+        int(port), model=model, warmup=float(warmup), duration=float(duration), max_tokens=int(max_tokens)
+    )
+    print(json.dumps(ttfts))
