@@ -75,8 +75,10 @@ class ProtocolHandler(Protocol):
     def finished(self) -> bool:
         """Nothing more will be sent: the connection may close after the last flush."""
 
-    def receive(self, data: bytes) -> None:
-        """Bytes from the peer; ``b""`` is EOF."""
+    def receive(self, data: bytes, arrived_at: float | None = None) -> None:
+        """Bytes from the peer; ``b""`` is EOF.  ``arrived_at``: when they reached this
+        host (trio's clock, see :mod:`.arrival`); None: now.  A request in them is
+        received then (``HttpRequest.received_at``)."""
 
     def read_timed_out(self) -> bool:
         """The read deadline passed; True to keep reading (else the reader stops)."""

@@ -28,6 +28,7 @@ import attrs
 import trio
 
 from llmsim.api.http import Application
+from llmsim.protocol.native.arrival import StampedStream, stamped
 from llmsim.protocol.native.base import ProtocolHandler
 from llmsim.protocol.native.detect import RECEIVE_SIZE, PrefixedStream, Wire, refuse_cleartext, sniff
 from llmsim.protocol.native.http1 import Http1Handler
@@ -47,9 +48,11 @@ _STALL_PIECE = 64 * 1024
 
 
 def _direct_socket(transport: trio.abc.Stream) -> socket.socket | None:
-    """The stdlib socket under a plain TCP stream, to send on without trio's
-    ``send_all`` (see ``Connection._send``); None for TLS, memory streams, or a trio
-    that no longer keeps it where it always has."""
+    """The stdlib socket under a plain TCP stream (stamped or not), to send on without
+    trio's ``send_all`` (see ``Connection._send``); None for TLS, memory streams, or a
+    trio that no longer keeps it where it always has."""
+    if isinstance(transport, StampedStream):
+        transport = transport.stream
     if not isinstance(transport, trio.SocketStream):
         return None
     raw = getattr(transport.socket, "_sock", None)
@@ -122,6 +125,8 @@ class Connection:
     phase: ConnectionPhase = attrs.field(default=_NEGOTIATING, init=False)
     handler: ProtocolHandler | None = attrs.field(default=None, init=False)
     _transport: trio.abc.Stream | None = attrs.field(default=None, init=False)  # the stream after TLS, if any
+    #: The stream's reads with their arrival times (.arrival), where the kernel stamps them.
+    _stamps: StampedStream | None = attrs.field(default=None, init=False)
     _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     #: Transport.spawn: the nursery's own ``start_soon`` once the connection serves (a
@@ -266,7 +271,7 @@ class Connection:
             self.handler = Http2Handler(self) if wire is Wire.H2 else Http1Handler(self)
             nursery.start_soon(self._read_loop)
             if prefix:
-                self.handler.receive(prefix)
+                self.handler.receive(prefix, self._arrived_at())
             await self._write_loop()
             await self._linger()
             nursery.cancel_scope.cancel()
@@ -274,9 +279,11 @@ class Connection:
     async def _negotiate(self) -> tuple[Wire, bytes]:
         """Sniff the first bytes; do the TLS handshake and ALPN when they are TLS."""
         context = self.settings.ssl_context
-        wire, prefix = await sniff(self.stream, tls_possible=context is not None)
+        reader = stamped(self.stream)
+        self._stamps = reader if isinstance(reader, StampedStream) else None
+        wire, prefix = await sniff(reader, tls_possible=context is not None)
         if wire is not Wire.TLS:
-            self._transport = self.stream
+            self._transport = reader
             if context is not None and wire is not Wire.CLOSED and not self.settings.allow_cleartext:
                 await refuse_cleartext(self.stream, wire, self.settings.close_linger)  # TLS-only port
                 return Wire.CLOSED, b""
@@ -284,7 +291,7 @@ class Connection:
         assert context is not None
         # https_compatible=False: aclose() sends close_notify (only an injected close calls it;
         # every other close is forceful, without one); a peer's close without one reads as EOF.
-        tls = trio.SSLStream(PrefixedStream(self.stream, prefix), context, server_side=True, https_compatible=False)
+        tls = trio.SSLStream(PrefixedStream(reader, prefix), context, server_side=True, https_compatible=False)
         self._transport = tls
         self.scheme = "https"
         try:
@@ -338,8 +345,14 @@ class Connection:
             if not data:
                 self._peer_closed()
                 return True
-            self.handler.receive(data)
+            self.handler.receive(data, self._arrived_at())
         return False
+
+    def _arrived_at(self) -> float | None:
+        """When the latest read's bytes reached this host (over TLS: the latest read of
+        the socket under it), where the kernel said; None: when they were read."""
+        stamps = self._stamps
+        return stamps.arrived_at if stamps is not None else None
 
     async def _receive(self) -> bytes:
         assert self._transport is not None

@@ -20,7 +20,16 @@ from hyperframe.frame import GoAwayFrame, SettingsFrame
 
 from llmsim.api.http import JSON_HEADERS, error_body
 
-__all__ = ["H2_PREFACE", "RECEIVE_SIZE", "PrefixedStream", "Wire", "cleartext_refusal", "refuse_cleartext", "sniff"]
+__all__ = [
+    "H2_PREFACE",
+    "RECEIVE_SIZE",
+    "PrefixedStream",
+    "Wire",
+    "WrappedStream",
+    "cleartext_refusal",
+    "refuse_cleartext",
+    "sniff",
+]
 
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 TLS_HANDSHAKE_RECORD = 0x16
@@ -70,22 +79,14 @@ async def sniff(stream: trio.abc.ReceiveStream, *, tls_possible: bool) -> tuple[
 
 
 @attrs.define(eq=False)
-class PrefixedStream(trio.abc.HalfCloseableStream):
-    """``stream`` with ``prefix`` put back in front of what it receives.
-
-    Lets :class:`trio.SSLStream` read a ClientHello that :func:`sniff` already consumed.
-    """
+class WrappedStream(trio.abc.HalfCloseableStream):
+    """``stream`` with everything passed through: a base for wrappers that change how
+    it is read."""
 
     stream: trio.abc.HalfCloseableStream
-    prefix: bytes
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        if not self.prefix:
-            return await self.stream.receive_some(max_bytes)
-        await trio.lowlevel.checkpoint()
-        size = len(self.prefix) if max_bytes is None else max_bytes
-        data, self.prefix = self.prefix[:size], self.prefix[size:]
-        return data
+        return await self.stream.receive_some(max_bytes)
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         await self.stream.send_all(data)
@@ -98,6 +99,24 @@ class PrefixedStream(trio.abc.HalfCloseableStream):
 
     async def aclose(self) -> None:
         await self.stream.aclose()
+
+
+@attrs.define(eq=False)
+class PrefixedStream(WrappedStream):
+    """``stream`` with ``prefix`` put back in front of what it receives.
+
+    Lets :class:`trio.SSLStream` read a ClientHello that :func:`sniff` already consumed.
+    """
+
+    prefix: bytes
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        if not self.prefix:
+            return await self.stream.receive_some(max_bytes)
+        await trio.lowlevel.checkpoint()
+        size = len(self.prefix) if max_bytes is None else max_bytes
+        data, self.prefix = self.prefix[:size], self.prefix[size:]
+        return data
 
 
 def cleartext_refusal(wire: Wire) -> bytes:

@@ -41,6 +41,7 @@ class Http1Handler:
 
     # (Slots: the C write, native/h1_write.c, reads _out, _t and _framed by offset.)
     __slots__ = (
+        "_arrived_at",
         "_body",
         "_body_deadline",
         "_body_size",
@@ -76,6 +77,7 @@ class Http1Handler:
         self._body_size = 0
         self._body_deadline = math.inf  # the whole body must be in by then (body_read_timeout)
         self._received_at = 0.0  # when the head of the request whose body is arriving came in
+        self._arrived_at: float | None = None  # when the bytes of the current read came in (None: now)
         self._out: list[bytes] = []  # the next batch: 100 Continue, chunks framed as written
         self._framed: bytes | None = None  # the body of the response's chunk in _out (Http1Response.write)
         self._pipelined = 0  # bytes received while the current response is in flight
@@ -84,9 +86,10 @@ class Http1Handler:
         transport.set_read_deadline(self._head_deadline)
 
     # --- input -------------------------------------------------------------------------
-    def receive(self, data: bytes) -> None:
+    def receive(self, data: bytes, arrived_at: float | None = None) -> None:
         if self._phase is _FINISHED:
             return  # closing: discard what the client still sends
+        self._arrived_at = arrived_at
         if self._response is not None:
             held = self._held
             if held is not None:
@@ -136,7 +139,9 @@ class Http1Handler:
         ordinary (see :mod:`.http1_fastpath`); False to leave ``data`` to h11."""
         settings = self._t.settings
         max_head, max_body = settings.max_header_bytes, settings.max_body_bytes
-        parsed = parse_whole_request(data, self._t.scheme, max_head, max_body, trio.current_time())
+        arrived_at = self._arrived_at
+        received_at = trio.current_time() if arrived_at is None else arrived_at
+        parsed = parse_whole_request(data, self._t.scheme, max_head, max_body, received_at)
         if parsed is None:
             return False
         request, end = parsed
@@ -171,8 +176,10 @@ class Http1Handler:
     def _on_head(self, request: h11.Request) -> None:
         self._request = request
         self._head_deadline = None
-        self._received_at = trio.current_time()
-        self._body_deadline = self._received_at + self._t.settings.body_read_timeout
+        now = trio.current_time()
+        arrived_at = self._arrived_at
+        self._received_at = now if arrived_at is None else arrived_at
+        self._body_deadline = now + self._t.settings.body_read_timeout
         self._refresh_body_deadline()
         # h11 bounds only heads that arrive in pieces; one that came whole is measured here.
         head_limit = self._t.settings.max_header_bytes
@@ -233,7 +240,7 @@ class Http1Handler:
         trailing, _ = self._h11.trailing_data
         self._t.switch_to(handler)
         handler.serve_upgraded(attrs.evolve(request, http_version="2"))
-        handler.receive(trailing)
+        handler.receive(trailing, self._arrived_at)  # (the same read as the upgrade's)
         return True
 
     def read_timed_out(self) -> bool:
@@ -419,6 +426,7 @@ class Http1Handler:
             self._fresh = False
             self._head_deadline = now + settings.header_read_timeout
             self._t.resume_reading()
+            self._arrived_at = None  # a pipelined request is received as it is taken up, now
             self._process()
         else:  # what _process would do: NEED_DATA, wait for the next request
             self._head_deadline = None

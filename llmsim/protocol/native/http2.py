@@ -87,7 +87,7 @@ class Http2Handler(Http2Output):
         self._stalled = StreamClock(settings.write_stall_timeout)
         self._idle_deadline = math.inf  # with no stream open: the keep-alive timeout
         self._starting: list[tuple[Http2Stream, HttpRequest]] = []  # complete requests of this read
-        self._read_at = now  # when the last read arrived
+        self._read_at = now  # when the bytes of the last read arrived
         self._stream_errors = 0  # the malformed requests h2 had reset when last looked at
         self._refused = 0  # streams refused beyond the stream limit in this read
         self._dispatch: dict[type[h2.events.Event], Callable[[Any], None]] = {
@@ -115,14 +115,15 @@ class Http2Handler(Http2Output):
         self._update_read_deadline()
 
     # --- input -------------------------------------------------------------------------
-    def receive(self, data: bytes) -> None:
+    def receive(self, data: bytes, arrived_at: float | None = None) -> None:
         """The frame guard first (h2_guard): h2 sees only the frames it lets through.
         Requests that end in ``data`` start only once all of it is read, so that a
         request reset in the same read never reaches the application."""
         if self._phase is _FINISHED or not data:
             return  # EOF: connection_lost follows
         guard = self._guard
-        self._read_at = now = trio.current_time()  # (when this read's requests arrived)
+        now = trio.current_time()
+        self._read_at = now if arrived_at is None else arrived_at  # (when this read's requests arrived)
         accepted, refusal = guard.scan(data, now)
         try:
             events = self._h2.receive_data(data if refusal is None else data[:accepted])

@@ -36,6 +36,7 @@ import trio
 
 from llmsim.api.http import Application
 from llmsim.options import LimitOptions, ServerOptions
+from llmsim.protocol.native.arrival import enable_stamps
 from llmsim.protocol.native.connection import Connection, WriteCoalescer
 from llmsim.protocol.native.faulty import FaultInjection
 from llmsim.protocol.settings import ConnectionTracker, ProtocolSettings, ServerHandle
@@ -97,6 +98,7 @@ async def open_listener(host: str, port: int, *, reuse_port: bool = False) -> tr
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         await sock.bind(address)
         sock.listen(LISTEN_BACKLOG)
+        enable_stamps(sock)  # a request's clock starts when its bytes arrive (.arrival)
     except OSError as exc:
         sock.close()
         raise OSError(

@@ -29,9 +29,11 @@ class Recorder:
     timed_out: trio.Event = attrs.field(factory=trio.Event)
     on_receive: Callable[[], None] | None = None
     finished: bool = False
+    arrivals: list[float | None] = attrs.field(factory=list)  # what the reader said of each read
 
-    def receive(self, data: bytes) -> None:
+    def receive(self, data: bytes, arrived_at: float | None = None) -> None:
         self.log.append(f"receive {data.decode()}")
+        self.arrivals.append(arrived_at)
         if self.on_receive is not None:
             on_receive, self.on_receive = self.on_receive, None
             on_receive()
