@@ -45,9 +45,12 @@ PURE_TESTS := tests/engine tests/api/test_seeded_golden.py tests/api/chat/test_s
 	tests/protocol/native/test_http2.py tests/protocol/native/test_http1_token_write.py \
 	tests/protocol/native/test_fastpath_handlers.py
 
+# Bytecode is written even where the environment says not to (PYTHONDONTWRITEBYTECODE):
+# without it every run, and every server subprocess the tests start, compiles everything
+# again (about 15 s of the suite here).
 test: $(VENV)/.installed-test tools
-	$(PY) -m pytest -q $(ARGS)
-	$(if $(ARGS),,LLMSIM_PURE=1 $(PY) -m pytest -q -p no:cacheprovider $(PURE_TESTS))
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q $(ARGS)
+	$(if $(ARGS),,PYTHONDONTWRITEBYTECODE= LLMSIM_PURE=1 $(PY) -m pytest -q -p no:cacheprovider $(PURE_TESTS))
 
 # ruff (rules in pyproject.toml), formatting, mypy --strict on llmsim/, and the import
 # contracts between the layers (lint-imports reads [tool.importlinter] in pyproject.toml).

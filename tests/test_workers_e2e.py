@@ -11,6 +11,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import attrs
 import httpx
@@ -99,11 +100,17 @@ async def llmsim_workers(*argv: str) -> AsyncIterator[ServerProcess]:
             await process.wait()
 
 
-async def _completion(url: str, max_tokens: int = 3) -> str:
+def _new_connections(url: str, **options: Any) -> httpx.AsyncClient:
+    """One client that opens a new connection for every request (it keeps none alive), so
+    that the kernel picks a worker for each: one client for many requests, since building
+    a client (its TLS context) costs more than a request here."""
+    return httpx.AsyncClient(base_url=url, limits=httpx.Limits(max_keepalive_connections=0), **options)
+
+
+async def _completion(client: httpx.AsyncClient, max_tokens: int = 3) -> str:
     """One completion on a new connection (so the kernel picks a worker): who answered."""
     body = {"prompt": "hi", "max_tokens": max_tokens, "ignore_eos": True}
-    async with httpx.AsyncClient(base_url=url) as client:
-        response = await client.post("/v1/completions", json=body)
+    response = await client.post("/v1/completions", json=body)
     assert response.status_code == 200
     return response.headers["x-llmsim-worker"]
 
@@ -112,41 +119,63 @@ def _total(metrics: str, family: str) -> float:
     return sum(float(m[1]) for m in re.finditer(rf"^vllm:{family}(?:{{[^}}]*}})? (\S+)$", metrics, re.M))
 
 
-async def test_both_workers_answer_and_metrics_are_the_sum() -> None:
-    async with llmsim_workers(*FAST) as server:
-        url = await server.url()
-        answered: dict[str, int] = {}
+async def test_both_workers_answer_metrics_are_the_sum_and_a_killed_worker_is_replaced() -> None:
+    """One server for two checks in turn (starting three processes is most of this file's
+    time): both workers answer and /metrics sums them; then worker 0 is killed, started
+    again on its own, and both answer again; SIGTERM then ends the server with status 0."""
+    async with llmsim_workers(*FAST) as server, _new_connections(await server.url()) as client:
+        await _assert_metrics_are_the_sum(client)
+        before = await server.workers()
+        os.kill(before[0], signal.SIGKILL)
         with trio.fail_after(60):
-            while len(answered) < 2 or sum(answered.values()) < 10:
-                worker = await _completion(url)
-                answered[worker] = answered.get(worker, 0) + 1
-                assert sum(answered.values()) < 200, answered
-        sent = sum(answered.values())
-        assert set(answered) == {"0", "1"}
-        with trio.fail_after(10):  # the other worker's numbers are at most SNAPSHOT_INTERVAL old
-            while True:
-                async with httpx.AsyncClient(base_url=url) as client:
-                    metrics = (await client.get("/metrics")).text
-                if _total(metrics, "request_success_total") == sent:
+            await server.wait_for(rb"llmsim: worker 0 exited with status -9; starting it again")
+            await server.wait_for(rb"llmsim: worker 0 \(pid \d+\) serving on", count=2)
+        after = await server.workers()
+        assert after[0] != before[0] and after[1] == before[1]
+        seen: set[str] = set()
+        with trio.fail_after(60):
+            for _ in range(40):  # until both answered
+                seen.add(await _completion(client))
+                if len(seen) == 2:
                     break
-                await trio.sleep(SNAPSHOT_INTERVAL / 5)
-        assert _total(metrics, "generation_tokens_total") == 3 * sent
-        assert _total(metrics, "e2e_request_latency_seconds_count") == sent
-        assert _total(metrics, "num_requests_running") == 0
-    assert await server.exit_status() == 0
+        assert seen == {"0", "1"}
+        server.process.send_signal(signal.SIGTERM)
+        assert await server.exit_status() == 0
+    assert "(exit statuses [0, 0], 1 restarts)" in server.text
+
+
+async def _assert_metrics_are_the_sum(client: httpx.AsyncClient) -> None:
+    """At least 10 completions, both workers among them: /metrics (from either worker)
+    counts every one."""
+    answered: dict[str, int] = {}
+    with trio.fail_after(60):
+        while len(answered) < 2 or sum(answered.values()) < 10:
+            worker = await _completion(client)
+            answered[worker] = answered.get(worker, 0) + 1
+            assert sum(answered.values()) < 200, answered
+    sent = sum(answered.values())
+    assert set(answered) == {"0", "1"}
+    with trio.fail_after(10):  # the other worker's numbers are at most SNAPSHOT_INTERVAL old
+        while True:
+            metrics = (await client.get("/metrics")).text
+            if _total(metrics, "request_success_total") == sent:
+                break
+            await trio.sleep(SNAPSHOT_INTERVAL / 5)
+    assert _total(metrics, "generation_tokens_total") == 3 * sent
+    assert _total(metrics, "e2e_request_latency_seconds_count") == sent
+    assert _total(metrics, "num_requests_running") == 0
 
 
 async def test_sigterm_drains_the_streams_of_both_workers() -> None:
     body = {"prompt": "hi", "max_tokens": 60, "ignore_eos": True, "stream": True}  # 3 s each
     async with (
         llmsim_workers("--inter-token-latency", "50ms", "--shutdown-grace-period", "30s") as server,
+        _new_connections(await server.url(), timeout=30) as client,
         AsyncExitStack() as streams,
     ):
-        url = await server.url()
         in_flight: list[tuple[str, httpx.Response]] = []
         with trio.fail_after(60):
-            while {worker for worker, _ in in_flight} != {"0", "1"}:
-                client = await streams.enter_async_context(httpx.AsyncClient(base_url=url, timeout=30))
+            while {worker for worker, _ in in_flight} != {"0", "1"}:  # each stream on its own connection
                 response = await streams.enter_async_context(client.stream("POST", "/v1/completions", json=body))
                 in_flight.append((response.headers["x-llmsim-worker"], response))
                 assert len(in_flight) < 40
@@ -175,24 +204,6 @@ async def test_a_second_signal_stops_every_worker_at_once() -> None:
         assert await server.exit_status() == 128 + signal.SIGINT
     assert "llmsim: stopped at once by a second signal" in server.text
     assert "Traceback" not in server.text
-
-
-async def test_a_killed_worker_is_replaced() -> None:
-    async with llmsim_workers(*FAST) as server:
-        url = await server.url()
-        before = await server.workers()
-        os.kill(before[0], signal.SIGKILL)
-        with trio.fail_after(60):
-            await server.wait_for(rb"llmsim: worker 0 exited with status -9; starting it again")
-            await server.wait_for(rb"llmsim: worker 0 \(pid \d+\) serving on", count=2)
-        after = await server.workers()
-        assert after[0] != before[0] and after[1] == before[1]
-        with trio.fail_after(60):
-            seen = {await _completion(url) for _ in range(40)}
-        assert seen == {"0", "1"}
-        server.process.send_signal(signal.SIGTERM)
-        assert await server.exit_status() == 0
-    assert "(exit statuses [0, 0], 1 restarts)" in server.text
 
 
 @pytest.mark.parametrize(

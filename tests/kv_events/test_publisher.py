@@ -21,6 +21,7 @@ from llmsim.app import Simulator
 from llmsim.config import Config
 from llmsim.engine.job import Job, JobState
 from llmsim.kv_events import KvEventsPublisher
+from llmsim.kv_events import publisher as publisher_module
 from tests.kv_events.zmq_client import (
     STORED_FIELDS,
     Batch,
@@ -94,7 +95,7 @@ def _workload(rng: random.Random, count: int) -> list[tuple[Job, trio.Event]]:
 
 async def _catch_up(sim: Simulator, subscriber: Subscriber, index: BlockIndex, last_seen: int) -> int:
     """Take what the pool still holds into the batcher, then apply batches until the last
-    published one (a partial batch goes out within llm-d's one-second timer)."""
+    published one (a partial batch goes out on llm-d's timer, LLMD_FLUSH_DELAY)."""
     publisher = _publisher(sim)
     publisher.flush()
     while publisher.pending or last_seen < publisher.last_seq:
@@ -107,7 +108,13 @@ async def _catch_up(sim: Simulator, subscriber: Subscriber, index: BlockIndex, l
 
 
 @pytest.mark.parametrize("map_format", [False, True])
-async def test_a_subscriber_rebuilds_the_pools_blocks_exactly(directory: str, map_format: bool) -> None:
+async def test_a_subscriber_rebuilds_the_pools_blocks_exactly(
+    directory: str, map_format: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each run waits three times for a partial batch, which goes out on llm-d's timer: 50 ms
+    # here, not 1 s (test_what_the_batches_carry waits for the real one; test_wire.py and
+    # test_options.py check the timer and its setting).
+    monkeypatch.setattr(publisher_module, "LLMD_FLUSH_DELAY", 0.05)
     subscriber = Subscriber(ipc(directory, "events"))
     config = Config(
         enable_kvcache=True,

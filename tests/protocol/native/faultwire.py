@@ -47,6 +47,19 @@ MODEL = "llmsim/sim-model"
 class Server:
     handle: ServerHandle
     sim: Simulator
+    _clients: list[RawH2] = attrs.field(factory=list)
+
+    async def h2(self) -> RawH2:
+        """A raw h2 client connection to this server, closed when the simulator stops."""
+        client = await RawH2.connect(self.handle.port)
+        self._clients.append(client)
+        return client
+
+    async def close_clients(self) -> None:
+        """Close our side of every client connection: the server's shutdown would otherwise
+        give each (a peer that neither reads nor closes) ``CLOSE_LINGER``, 1 s, to close."""
+        for client in self._clients:
+            await client.stream.aclose()
 
 
 @asynccontextmanager
@@ -58,7 +71,11 @@ async def simulator(**overrides: Any) -> AsyncIterator[Server]:
     with trio.fail_after(20):  # a fault that never fires must fail the test, not hang it
         async with trio.open_nursery() as nursery:
             handle = await nursery.start(partial(_serve_backend, sim, config))
-            yield Server(handle, sim)
+            server = Server(handle, sim)
+            try:
+                yield server
+            finally:
+                await server.close_clients()
             nursery.cancel_scope.cancel()
 
 
@@ -230,7 +247,9 @@ def chunks(raw: bytes) -> tuple[bytes, list[bytes], bytes]:
 async def httpx_stream(port: int, fault: str, *, http2: bool) -> tuple[list[str], BaseException | None]:
     """The SSE lines httpx yields, and what it raised (if anything)."""
     lines: list[str] = []
-    async with httpx.AsyncClient(http1=not http2, http2=http2, base_url=f"http://127.0.0.1:{port}") as client:
+    # verify=False: plain HTTP, and a client that verifies loads the CA bundle first (0.1 s)
+    base_url = f"http://127.0.0.1:{port}"
+    async with httpx.AsyncClient(http1=not http2, http2=http2, base_url=base_url, verify=False) as client:
         try:
             async with client.stream(
                 "POST",

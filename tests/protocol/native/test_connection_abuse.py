@@ -292,3 +292,4 @@ async def test_the_simulator_applies_max_connections_from_its_config() -> None:
             assert head.status_code == 200
             assert await receive_all(silent) == b""
         await silent.aclose()
+        await client.stream.aclose()  # else the server's shutdown lingers 1 s for it to close

@@ -39,7 +39,7 @@ from tests.protocol.native.faultwire import (
 
 async def test_without_the_header_the_frames_are_todays() -> None:
     async with simulator() as server:
-        client = await RawH2.connect(server.handle.port)
+        client = await server.h2()
         sid = await client.post(None)
         await client.read_until(closed(sid))
     assert shape(client.on(sid))[0] == HEAD and shape(client.on(sid))[-1][1] == {"END_STREAM"}
@@ -51,7 +51,7 @@ async def test_every_event_leaves_in_its_own_data_frame(autojump_clock: trio.tes
     ``end()``), then an empty DATA frame with END_STREAM.  (On the autojump clock: on
     the real one, a step a loaded machine starts late writes two tokens at once.)"""
     async with simulator() as server:
-        client = await RawH2.connect(server.handle.port)
+        client = await server.h2()
         sid = await client.post("stall=0:0", max_tokens=4)
         await client.read_until(closed(sid))
     frames = client.on(sid)
@@ -69,7 +69,7 @@ async def test_every_event_leaves_in_its_own_data_frame(autojump_clock: trio.tes
 )
 async def test_rst_after_resets_after_n_events_and_frees_the_slot(fault: str, code: ErrorCodes) -> None:
     async with simulator() as server:
-        client = await RawH2.connect(server.handle.port)
+        client = await server.h2()
         sid = await client.post(fault, max_tokens=200)
         await client.read_until(closed(sid))
         stats = server.sim.engine.statistics()
@@ -84,7 +84,7 @@ async def test_rst_after_resets_after_n_events_and_frees_the_slot(fault: str, co
 
 async def test_rst_after_zero_resets_right_after_the_head() -> None:
     async with simulator() as server:
-        client = await RawH2.connect(server.handle.port)
+        client = await server.h2()
         sid = await client.post("rst-after=0,code=INTERNAL_ERROR")
         await client.read_until(closed(sid))
     assert shape(client.on(sid)) == [HEAD, ("RstStream", frozenset(), ErrorCodes.INTERNAL_ERROR)]
@@ -92,7 +92,7 @@ async def test_rst_after_zero_resets_right_after_the_head() -> None:
 
 async def test_goaway_after_finishes_the_stream_and_refuses_new_ones() -> None:
     async with simulator() as server:
-        client = await RawH2.connect(server.handle.port)
+        client = await server.h2()
         sid = await client.post("goaway-after=1", max_tokens=10)
         await client.read_until(lambda frames: any(f.kind == "GoAway" for f in frames))
         refused = await client.post(None)  # sent after the GOAWAY arrived: a misbehaving client
@@ -108,7 +108,7 @@ async def test_goaway_after_finishes_the_stream_and_refuses_new_ones() -> None:
 
 async def test_goaway_resets_later_streams_already_open_with_refused_stream() -> None:
     async with simulator() as server:
-        client = await RawH2.connect(server.handle.port)
+        client = await server.h2()
         first = await client.post("goaway-after=2", max_tokens=20)
         later = await client.post(None, max_tokens=200)
         await client.read_until(lambda frames: closed(first)(frames) and closed(later)(frames))
@@ -118,7 +118,7 @@ async def test_goaway_resets_later_streams_already_open_with_refused_stream() ->
 
 async def test_close_after_closes_the_connection_without_goaway() -> None:
     async with simulator() as server:
-        client = await RawH2.connect(server.handle.port)
+        client = await server.h2()
         sid = await client.post("close-after=3", max_tokens=200)
         await client.read_until(lambda frames: False)
         stats = server.sim.engine.statistics()
@@ -129,7 +129,7 @@ async def test_close_after_closes_the_connection_without_goaway() -> None:
 
 async def test_frame_size_splits_every_event_into_frames_of_n_bytes() -> None:
     async with simulator() as server:
-        client = await RawH2.connect(server.handle.port)
+        client = await server.h2()
         sid = await client.post("frame-size=7", max_tokens=2)
         await client.read_until(closed(sid))
     frames = client.on(sid)
@@ -146,7 +146,7 @@ async def test_frame_size_splits_every_event_into_frames_of_n_bytes() -> None:
 
 async def test_delay_headers_holds_the_head() -> None:
     async with simulator() as server:
-        client = await RawH2.connect(server.handle.port)
+        client = await server.h2()
         started = trio.current_time()
         sid = await client.post("delay-headers=300", max_tokens=1)
         await client.read_until(lambda frames: any(f.kind == "Headers" for f in frames))
@@ -161,7 +161,7 @@ async def test_stall_stops_sending_after_n_events() -> None:
     request's sending: from the first event's arrival, a loaded machine delivering it
     late would shorten the gap; unstalled, the whole answer takes about 55 ms)."""
     async with simulator() as server:
-        client = await RawH2.connect(server.handle.port)
+        client = await server.h2()
         sent_at = trio.current_time()
         sid = await client.post("stall=1:300", max_tokens=10)
         await client.read_until(lambda frames: len(events(frames)) == 1)
@@ -176,7 +176,7 @@ async def test_stall_stops_sending_after_n_events() -> None:
 
 async def test_trailers_end_the_stream_with_a_headers_frame() -> None:
     async with simulator() as server:
-        client = await RawH2.connect(server.handle.port)
+        client = await server.h2()
         sid = await client.post("trailers=grpc-status:0,x-note:fault injected", max_tokens=2)
         await client.read_until(closed(sid))
     frames = client.on(sid)
@@ -190,7 +190,7 @@ async def test_trailers_end_the_stream_with_a_headers_frame() -> None:
 
 async def test_a_malformed_header_is_a_400_naming_the_fault() -> None:
     async with simulator() as server:
-        client = await RawH2.connect(server.handle.port)
+        client = await server.h2()
         sid = await client.post("rst-after=2; bogus=1")
         await client.read_until(closed(sid))
         stats = server.sim.engine.statistics()
@@ -358,7 +358,7 @@ async def reset_and_sync(client: RawH2, sid: int) -> None:
 
 async def test_a_client_reset_during_a_stall_cancels_the_request() -> None:
     async with simulator() as server:
-        client = await RawH2.connect(server.handle.port)
+        client = await server.h2()
         sid = await client.post("stall=1:5000", max_tokens=200)
         await client.read_until(lambda frames: len(events(frames)) == 1)
         await reset_and_sync(client, sid)
@@ -369,7 +369,7 @@ async def test_a_client_reset_during_a_stall_cancels_the_request() -> None:
 
 async def test_a_client_reset_during_a_held_head_cancels_the_handler() -> None:
     async with simulator() as server:
-        client = await RawH2.connect(server.handle.port)
+        client = await server.h2()
         sid = await client.post("delay-headers=5000", max_tokens=200)
         await reset_and_sync(client, sid)
         # (The handler may not have reached the engine yet: look once another request is done.)

@@ -20,7 +20,6 @@ from tests.protocol.native.faultwire import (
     DATA,
     END,
     HEAD,
-    RawH2,
     Wire,
     chunks,
     closed,
@@ -40,7 +39,7 @@ async def frames_of(fault: str, max_tokens: int = 3, **config: object) -> list[W
     """Every frame the client received for one faulted request (stream 1), connection
     frames (stream 0) included, minus the server's preface SETTINGS and its ACK."""
     async with simulator(**PACE, **config) as server:
-        client = await RawH2.connect(server.handle.port)
+        client = await server.h2()
         sid = await client.post(fault, max_tokens=max_tokens)
         await client.read_until(closed(sid))
     return [f for f in client.frames[2:] if f.stream_id in (0, sid)]
@@ -64,7 +63,7 @@ async def test_goaway_with_an_error_code_is_abrupt() -> None:
     """GOAWAY(code) naming the last stream the client opened, then the connection
     closes: no END_STREAM, no RST_STREAM; the engine frees the slot."""
     async with simulator() as server:
-        client = await RawH2.connect(server.handle.port)
+        client = await server.h2()
         sid = await client.post("goaway-after=1,code=ENHANCE_YOUR_CALM", max_tokens=200)
         await client.read_until(lambda frames: False)  # to EOF
         stats = server.sim.engine.statistics()
@@ -79,7 +78,7 @@ async def test_delay_first_token_sends_the_head_then_waits() -> None:
     from the request's sending, which precedes the head (from the head's arrival, a
     loaded machine that delivers the head late would shorten the gap)."""
     async with simulator() as server:
-        client = await RawH2.connect(server.handle.port)
+        client = await server.h2()
         sent_at = trio.current_time()
         sid = await client.post("delay-first-token=300", max_tokens=2)
         await client.read_until(lambda frames: any(f.kind == "Headers" for f in frames))
@@ -174,7 +173,7 @@ async def test_bad_event(kind: str) -> None:
 
 async def test_error_after_sends_vllms_error_event_and_frees_the_slot() -> None:
     async with simulator() as server:
-        client = await RawH2.connect(server.handle.port)
+        client = await server.h2()
         sid = await client.post("error-after=1", max_tokens=200)
         await client.read_until(closed(sid))
         stats = server.sim.engine.statistics()
@@ -252,7 +251,8 @@ async def test_http1_bad_event_crlf() -> None:
 
 async def read_to_close(stream: trio.abc.Stream, fault: str) -> tuple[bytes, str]:
     """Send one HTTP/1.1 request with ``fault``; what arrived, and how it ended: "eof"
-    (a clean end: FIN, over TLS after close_notify), or the error receiving raised."""
+    (a clean end: FIN, over TLS after close_notify), or the error receiving raised.
+    Then close our side (after a FIN the server waits up to ``CLOSE_LINGER``, 1 s, for it)."""
     body = completion(200)
     head = (
         f"POST /v1/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
@@ -265,6 +265,8 @@ async def read_to_close(stream: trio.abc.Stream, fault: str) -> tuple[bytes, str
             received += data
     except trio.BrokenResourceError as exc:
         return received, type(exc.__cause__).__name__
+    finally:
+        await trio.aclose_forcefully(stream)
     return received, "eof"
 
 

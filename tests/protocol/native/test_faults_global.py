@@ -13,11 +13,17 @@ from llmsim.options import ConfigError
 from tests.protocol.native.faultwire import completion, simulator
 
 
+def plain_http_client(port: int) -> httpx.AsyncClient:
+    """A client of the simulator on ``port``: plain HTTP, so it need not load the CA bundle
+    (0.1 s a client)."""
+    return httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", verify=False)
+
+
 async def outcomes(port: int, count: int, headers: dict[str, str] | None = None) -> list[str]:
     """For ``count`` streaming requests in turn: "ok", or the name of what httpx raised."""
     results = []
     headers = {"content-type": "application/json", **(headers or {})}
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+    async with plain_http_client(port) as client:
         for _ in range(count):
             try:
                 async with client.stream("POST", "/v1/completions", content=completion(3), headers=headers) as r:
@@ -30,7 +36,7 @@ async def outcomes(port: int, count: int, headers: dict[str, str] | None = None)
 
 
 async def metrics_text(port: int) -> str:
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+    async with plain_http_client(port) as client:
         return (await client.get("/metrics")).text
 
 
@@ -78,7 +84,7 @@ def test_a_bad_fault_is_a_configuration_error() -> None:
 async def test_admin_config_changes_the_global_faults_live() -> None:
     async with simulator() as server:
         port = server.handle.port
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+        async with plain_http_client(port) as client:
             answer = await client.post("/admin/config", json={"fault": "close-after=0", "fault-rate": 1})
             assert answer.status_code == 200, answer.text
             assert (answer.json()["fault"], answer.json()["fault-rate"]) == ("close-after=0", 1)

@@ -345,6 +345,8 @@ async def test_a_silent_reader_frees_its_engine_slot_for_others() -> None:
         )
         waited = trio.current_time() - asked
         await silent.wait_until(lambda: silent.records[held].done)
+        for client in (silent, normal):  # else the server's shutdown lingers 1 s for each to close
+            await client.stream.aclose()
     assert record.headers is not None and record.headers[b":status"] == b"200"
     assert silent.records[held].reset == ErrorCodes.CANCEL
     assert 0.3 < waited < 5.0
