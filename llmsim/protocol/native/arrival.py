@@ -21,7 +21,8 @@ is the arrival, as before.
 
 Only the listening socket's option is set (:func:`enable_stamps`): accepted sockets
 inherit it, so a connection costs no extra system call; each read is one ``recvmsg``
-instead of one ``recv``.
+instead of one ``recv``.  (The kernel switches stamping on a moment after the first
+socket asks, by deferred work: the very first packets after a start may come unstamped.)
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import socket
 import ssl
 import struct
 import time
+from collections.abc import AsyncIterator
 
 import attrs
 import h11
@@ -122,13 +123,38 @@ class BusyAfterSend(WrappedStream):
         await trio.lowlevel.checkpoint()
 
 
+@pytest.fixture
+async def kernel_stamps() -> AsyncIterator[None]:
+    """Stamping on, for the whole test.  The kernel turns it on a moment after the first
+    socket asks for it (deferred work) and off once the last one is closed: between
+    tests it may be off, and a server's first packets then come unstamped (their read
+    time counts, as before).  A stamped socket pair held open keeps it on, and its
+    probe byte shows when it is."""
+    listener = trio.socket.socket()
+    arrival.enable_stamps(listener)
+    await listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    client = trio.socket.socket()
+    await client.connect(listener.getsockname())
+    server, _ = await listener.accept()
+    with listener, client, server:
+        with trio.fail_after(5):
+            while True:
+                await client.send(b"?")
+                _, ancillary, _, _ = await server.recvmsg(1, arrival._ANCILLARY_SIZE)
+                if ancillary:
+                    break
+                await trio.sleep(0.01)  # (polls the kernel's deferred switch: nothing to wait on)
+        yield
+
+
 def _received_at(app: TestApp, index: int = 0) -> float:
     received_at = app.requests[index].received_at
     assert received_at is not None
     return received_at
 
 
-async def test_http1_requests_are_received_when_they_were_sent(nursery: trio.Nursery) -> None:
+async def test_http1_requests_are_received_when_they_were_sent(nursery: trio.Nursery, kernel_stamps: None) -> None:
     """The first request of a connection (read while sniffing the protocol, before the
     connection is even accepted), then the next one, through the read loop: both by the
     fast path."""
@@ -144,7 +170,9 @@ async def test_http1_requests_are_received_when_they_were_sent(nursery: trio.Nur
     assert _received_at(app, 1) - wire.sent_at < SLACK
 
 
-async def test_http1_request_through_h11_is_received_when_its_head_was_sent(nursery: trio.Nursery) -> None:
+async def test_http1_request_through_h11_is_received_when_its_head_was_sent(
+    nursery: trio.Nursery, kernel_stamps: None
+) -> None:
     """A head in two reads goes to h11 (not the fast path): it is received when its
     second part came."""
     app = TestApp()
@@ -168,7 +196,9 @@ async def test_http1_request_through_h11_is_received_when_its_head_was_sent(nurs
 
 
 @pytest.mark.parametrize("tls", [False, True], ids=["h2c", "h2-tls"])
-async def test_http2_requests_are_received_when_they_were_sent(nursery: trio.Nursery, tls: bool) -> None:
+async def test_http2_requests_are_received_when_they_were_sent(
+    nursery: trio.Nursery, tls: bool, kernel_stamps: None
+) -> None:
     app = TestApp()
     handle = await nursery.start(serve_app, app, Config(port=0, self_signed_certs=tls).server)
     wire = BusyAfterSend.connect(handle.host, handle.port)
@@ -189,7 +219,9 @@ async def test_http2_requests_are_received_when_they_were_sent(nursery: trio.Nur
     assert _received_at(app) - wire.sent_at < SLACK
 
 
-async def test_a_pipelined_http1_request_is_received_when_it_is_taken_up(nursery: trio.Nursery) -> None:
+async def test_a_pipelined_http1_request_is_received_when_it_is_taken_up(
+    nursery: trio.Nursery, kernel_stamps: None
+) -> None:
     """HTTP/1.1 answers in order: a request pipelined behind another starts when the one
     before it is answered (as behind uvicorn, where vLLM sees it only then), not when
     its bytes came."""
