@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import _random
+import importlib
 import json
 import random
 from collections.abc import Callable, Mapping
@@ -126,6 +127,20 @@ _new_random = random.Random.__new__
 _seed_state = _random.Random.seed  # the C seeding, which random.Random.seed ends with
 
 
+def _seed_digest() -> Callable[[bytes], Any]:
+    """The SHA-512 ``random.Random.seed`` hashes a string seed with: CPython's built-in
+    ``_sha512`` when the build has it (``random.py`` tries it first), else hashlib's.  The
+    digest is the same; for a seed's few bytes the built-in one costs ~1,700 instructions
+    less per call (OpenSSL 3 sets up a digest context for each)."""
+    try:
+        return cast(Callable[[bytes], Any], importlib.import_module("_sha512").sha512)
+    except ImportError:  # pragma: no cover (a build without it)
+        return sha512
+
+
+_sha512 = _seed_digest()
+
+
 def seeded_random(text: str) -> random.Random:
     """``random.Random(text)``, in the same state, for less: the constructor runs
     ``Random.seed`` in Python (a version-2 string seed becomes the integer of its UTF-8
@@ -134,7 +149,7 @@ def seeded_random(text: str) -> random.Random:
     generating request)."""
     data = text.encode()
     rng = _new_random(random.Random)
-    _seed_state(rng, int.from_bytes(data + sha512(data).digest(), "big"))
+    _seed_state(rng, int.from_bytes(data + _sha512(data).digest(), "big"))
     rng.gauss_next = None  # type: ignore[attr-defined]  # set by Random.__init__, not in typeshed
     return rng
 

@@ -91,7 +91,10 @@ def check_injected_failure(call: Call) -> None:
     if value:  # llm-d ignores an empty value
         raise return_error(value)
     ctx = call.ctx
-    error = injected_failure(ctx.control, ctx.failure_rng, ctx.model.name)
+    control = ctx.control
+    if not control.failure_injection_rate:  # the usual server: no roll (injected_failure's first test, uncalled)
+        return
+    error = injected_failure(control, ctx.failure_rng, ctx.model.name)
     if error is not None:
         raise error
 

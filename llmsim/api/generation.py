@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
-import attrs
 import trio
 
 from llmsim.api.context import ApiContext, Call, request_adapter
@@ -68,13 +67,16 @@ _FINISHED = JobState.FINISHED  # a module global: enum member lookups cost on th
 _DECODING = JobState.DECODING
 
 
-@attrs.frozen
-class RequestIdentity:
+class RequestIdentity(NamedTuple):
     """How a request is named: ``X-Request-Id`` when the client sent one (then echoed
     back as a header), else the body's ``request_id`` (chat and completions), else a
     fresh id: vLLM's ``_base_request_id(raw_request, request.request_id)``
     (vllm/entrypoints/serve/engine/serving.py:133-142; chat_completion/serving.py:321,
-    completion/serving.py:147)."""
+    completion/serving.py:147).
+
+    (A named tuple rather than a frozen attrs class, as :class:`~llmsim.api.sse.PlainTokens`:
+    every generating request makes one, and a frozen attrs class's ``__init__`` sets
+    each field through ``object.__setattr__``, several times the cost.)"""
 
     request_id: str  # seeds the text RNG of every choice
     response_id: str  # the prefixed id the body reports: "chatcmpl-<id>", "resp_<id>"...

@@ -256,3 +256,42 @@ async def test_a_prompt_plan_with_media_is_made_afresh() -> None:
     media = [entry.media_items for entry in kept]  # type: ignore[attr-defined]
     assert [None if items is None else len(items) for items in media] == [1, None, 0]  # the bad media: not kept
     assert [entry.prompt is None for entry in kept] == [True, True, False]  # type: ignore[attr-defined]
+
+
+async def test_a_bodys_out_of_vocab_token_ids_are_refused_on_every_request() -> None:
+    """Whether a body has token ids to check is kept with it (``_ChatShape``); the check
+    itself, and its in-band error on a stream, comes with every request of that body,
+    while a body without any streams its tokens."""
+    refused = {**CHAT, "stream": True, "stop_token_ids": [2**31]}  # the vocabulary: 2**31 ids
+    async with running() as sim:
+        for _ in range(3):
+            payloads = sse_payloads((await post(sim, "/v1/chat/completions", refused)).body)
+            assert "out-of-vocab" in payloads[0]["error"]["message"]
+            assert payloads[-1] == "[DONE]"
+            plain = sse_payloads((await post(sim, "/v1/chat/completions", {**CHAT, "stream": True})).body)
+            assert all("error" not in payload for payload in plain[:-1])
+            assert plain[-2]["choices"][0]["finish_reason"] is not None
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "text_of"),
+    [
+        ("/v1/chat/completions", CHAT, lambda choice: choice["delta"].get("content", "")),
+        ("/v1/completions", {"prompt": "Hello there"}, lambda choice: choice["text"]),
+    ],
+)
+async def test_a_stream_names_a_stop_string_only_when_one_ended_it(
+    path: str, body: dict[str, Any], text_of: Any
+) -> None:
+    """Without a stop rule no choice has a stop reason (the route passes none); with one,
+    the last chunk names the string that ended the choice, request after request."""
+    ignore = {**body, "stream": True, "max_tokens": 30, "ignore_eos": True, "request_id": "r"}
+    async with running() as sim:
+        payloads = sse_payloads((await post(sim, path, ignore)).body)[:-1]
+        word = "".join(text_of(payload["choices"][0]) for payload in payloads if payload["choices"]).split()[2]
+        for _ in range(2):
+            plain = sse_payloads((await post(sim, path, ignore)).body)
+            assert plain[-2]["choices"][0]["stop_reason"] is None
+            stopped = sse_payloads((await post(sim, path, {**ignore, "stop": [word]})).body)
+            assert stopped[-2]["choices"][0]["stop_reason"] == word
+            assert stopped[-2]["choices"][0]["finish_reason"] == "stop"

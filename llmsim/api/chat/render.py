@@ -70,6 +70,7 @@ __all__ = ["ChatStreamRenderer", "chat_completion_body"]
 
 _ROLE_DELTA = b',"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]'
 _ROLE_CLOSE = b',"prompt_token_ids":null,"prompt_text":null}\n\n'
+_ROLE_END = _ROLE_DELTA + _ROLE_CLOSE  # a role chunk after its choice's head, without usage
 _CONTENT_OPEN = b',"delta":{"content":"'
 _CONTENT_CLOSE = b'"},"logprobs":'
 _UNFINISHED = b',"finish_reason":null,"token_ids":null}]'  # a token chunk's choice, after its logprobs
@@ -145,6 +146,24 @@ class ChatStreamRenderer:
     token id that ended choice ``i`` (None: none did).
     """
 
+    # Slots: a request sets every one of them once, and the per-token path reads them.
+    __slots__ = (
+        "_calls",
+        "_choice_heads",
+        "_chunk_usage",
+        "_fingerprint",
+        "_finish_end",
+        "_head",
+        "_include_usage",
+        "_logprobs",
+        "_opened",
+        "_opening",
+        "_plain",
+        "_stop_reasons",
+        "_token_opens",
+        "_usage_style",
+    )
+
     def __init__(
         self,
         *,
@@ -164,16 +183,18 @@ class ChatStreamRenderer:
     ) -> None:
         head = chunk_head(response_id, b'"chat.completion.chunk"', created, model)
         self._stop_reasons = stop_reasons
+        usage = b"" if chunk_usage is None else chunk_usage.render(0)  # the role and echo chunks count 0 tokens
+        # The end of every choice's role chunk, so that each costs one concatenation.
+        role_end = _ROLE_END if not usage else _ROLE_DELTA + usage + _ROLE_CLOSE
         # One plain loop, not a comprehension per list: this runs once per request.
         self._choice_heads: list[bytes] = []
         self._token_opens: list[bytes] = []
-        self._token_joiners: list[bytes] = []
+        role_chunks: list[bytes] = []
         for i in range(choices):
             choice_head = head + b'"choices":[{"index":' + str(i).encode()
-            token_open = choice_head + _CONTENT_OPEN
             self._choice_heads.append(choice_head)
-            self._token_opens.append(token_open)
-            self._token_joiners.append(_TOKEN_CLOSE + token_open)
+            self._token_opens.append(choice_head + _CONTENT_OPEN)
+            role_chunks.append(choice_head + role_end)
         self._head = head
         self._include_usage = include_usage
         self._usage_style = usage_style
@@ -181,7 +202,11 @@ class ChatStreamRenderer:
         # chunk (serving.py:824-834, 903-912); every finishing chunk ends with it.
         self._fingerprint = fingerprint_field(fingerprint)
         self._finish_end = (self._fingerprint if not include_usage else b"") + _KV_END
-        self._opening = self._opening_chunks(None if echo is None else escape_uncached(echo), chunk_usage)
+        # What the request's first engine output sends before its tokens: the role chunk
+        # of every choice, then (with ``echo``) the echoed prefix of every choice.
+        self._opening = b"".join(role_chunks)
+        if echo is not None:
+            self._opening += self._echo_chunks(echo, usage)
         self._opened = False
         self._calls = None if tool_calls is None else self._call_chunks(tool_calls, required_tool_choice)
         self._logprobs = logprobs
@@ -189,14 +214,10 @@ class ChatStreamRenderer:
         # Every chunk a bare text token: the per-token fast path.
         self._plain = tool_calls is None and logprobs is None and chunk_usage is None
 
-    def _opening_chunks(self, echo: bytes | None, chunk_usage: ChunkUsage | None) -> bytes:
-        """The role chunk of every choice, then (with ``echo``) the echoed prefix of every
-        choice: what the request's first engine output sends before its tokens."""
-        usage = b"" if chunk_usage is None else chunk_usage.render(0)
-        chunks = [choice_head + _ROLE_DELTA + usage + _ROLE_CLOSE for choice_head in self._choice_heads]
-        if echo is not None:
-            chunks.extend(token_open + echo + _ECHO_CLOSE + usage + _END for token_open in self._token_opens)
-        return b"".join(chunks)
+    def _echo_chunks(self, echo: str, usage: bytes) -> bytes:
+        """The echoed assistant prefix of every choice (after all the role chunks)."""
+        escaped = escape_uncached(echo)
+        return b"".join([token_open + escaped + _ECHO_CLOSE + usage + _END for token_open in self._token_opens])
 
     def _call_chunks(self, tool_calls: Sequence[Sequence[Block]], null_names: bool) -> list[_CallChunks | None]:
         """Per choice, its pre-rendered tool-call chunks (None: it answers with text)."""
@@ -228,7 +249,8 @@ class ChatStreamRenderer:
             text = job.output[start]
             body = escaped_piece(text) or escape(text)  # b"" (an EOS) is cached too: escape() again
         else:
-            body = self._token_joiners[index].join(escape_all(job.output[start:stop]))
+            # (the joiner made here rather than per choice up front: most requests never need it)
+            body = (_TOKEN_CLOSE + self._token_opens[index]).join(escape_all(job.output[start:stop]))
         if job.state is not _FINISHED:
             if not count:
                 return b""

@@ -38,7 +38,7 @@ from llmsim.api.transfer import (
     job_threshold,
 )
 from llmsim.api.turns import TurnPlan
-from llmsim.api.usage import ChunkUsage, usage_style
+from llmsim.api.usage import ChunkUsage, UsageStyle, usage_style
 from llmsim.engine.kv_hashing import MultimodalItem
 from llmsim.model.tools import NamedToolChoice, ToolChoice, ToolSpec
 
@@ -75,7 +75,9 @@ class _ChatShape:
     (the body is frozen and these are functions of it alone): its compiled tools and
     structured output (whose 400s come in their place, before the model is resolved),
     and the request fields the handler reads, read once rather than through a property
-    per request."""
+    per request.  Also what follows from the server's fixed options for every request
+    (the body cache is the server's own): whether its prompt rendering is the built-in
+    one, and chat's usage style."""
 
     tools: tuple[ToolSpec, ...]
     tool_choice: ToolChoice
@@ -84,9 +86,15 @@ class _ChatShape:
     structured: StructuredOutput | None
     transfer: KvTransfer
     generation: GenerationShape
+    checks_token_ids: bool  # logit_bias or stop_token_ids to check against the vocabulary
+    # No model template, which may read the clock (strftime_now): the built-in rendering
+    # is a function of the body alone, so what the route derives from it is kept.
+    builtin_template: bool
+    # prompt details, created cache tokens (chat), block size: the server's
+    usage_style: UsageStyle
 
     @classmethod
-    def of(cls, request: ChatCompletionRequest) -> _ChatShape:
+    def of(cls, ctx: ApiContext, request: ChatCompletionRequest) -> _ChatShape:
         tools = tuple(tool_specs(request.tools))
         structured = structured_output(
             request.response_format,
@@ -102,6 +110,9 @@ class _ChatShape:
             structured=structured,
             transfer=KvTransfer.of(request.kv_transfer_params),
             generation=GenerationShape.of(request, max_tokens=request.requested_max_tokens),
+            checks_token_ids=bool(request.logit_bias or request.stop_token_ids),
+            builtin_template=ctx.tokenizer.chat_template is None,
+            usage_style=usage_style(ctx.model.enable_prompt_tokens_details, True, ctx.engine.options.block_size),
         )
 
 
@@ -112,14 +123,12 @@ async def chat_completions(call: Call) -> None:
     check_injected_failure(call)  # X-Return-Error, --failure-injection-rate
     shape = parsed.shape
     if shape is None:  # the body's tools and structured output (their 400s): once per body
-        shape = parsed.shape = _ChatShape.of(request)
+        shape = parsed.shape = _ChatShape.of(ctx, request)
     model = ctx.resolve_model(request.model)
     transfer = shape.transfer
     transfer.check_streaming(shape.generation.streaming)
     check_job_count(ctx, shape.generation.choices)
-    # Kept for the body's later requests only without a model template, which may read the
-    # clock (strftime_now): the built-in rendering is a function of the body alone.
-    keep = ctx.tokenizer.chat_template is None
+    keep = shape.builtin_template  # kept for the body's later requests only then
     prompt_ids = parsed.prompt_ids
     if prompt_ids is None:
         prompt_ids = tuple(request_prompt_ids(ctx.tokenizer, request))
@@ -164,17 +173,19 @@ async def chat_completions(call: Call) -> None:
             parsed.prompt = prompt
     plan = GenerationPlan(identity.request_id, (prompt,), turns, shape.generation.choices)
     tool_calls = [turn.tool_calls for turn in turns] if shape.calling else None
-    stop_reasons = [turn.stop_reason for turn in turns]
+    # Only a stop rule ends a turn with a stop reason (llmsim/api/stops.py): without one,
+    # None says "none did" for every choice, and the renderers skip looking them up.
+    stop_reasons = None if shape.generation.stop is None else [turn.stop_reason for turn in turns]
     logprobs = refusal = None
     if request.logprobs:
         top_logprobs, refusal = checked_logprobs(ctx, request.top_logprobs or 0)
         seeds = [choice_seed(ctx.model.seed, identity.request_id, i) for i in range(len(turns))]
         logprobs = ChatLogprobs(top_logprobs, seeds, ctx.text.eos, [turn.token_texts for turn in turns])
-    refusal = refusal or token_id_refusal(request, ctx.tokenizer.vocab_size)
+    if refusal is None and shape.checks_token_ids:
+        refusal = token_id_refusal(request, ctx.tokenizer.vocab_size)
     created = int(ctx.wall_clock())
     echo = assistant_echo(request.messages) if request.echo else None
-    # prompt details, created cache tokens (chat), block size: the server's, so made once
-    usage = usage_style(ctx.model.enable_prompt_tokens_details, True, ctx.engine.options.block_size)
+    usage = shape.usage_style
     if shape.generation.streaming:
         renderer = ChatStreamRenderer(
             response_id=identity.response_id,

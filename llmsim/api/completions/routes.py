@@ -113,7 +113,9 @@ async def completions(call: Call) -> None:
         prompt_ids=[prompt.token_ids for prompt in prompts],
     )
     turns = transfer.finish(turns)
-    stop_reasons = [turn.stop_reason for turn in turns]
+    # Only a stop rule ends a turn with a stop reason (llmsim/api/stops.py): without one,
+    # None says "none did" for every choice, and the renderers skip looking them up.
+    stop_reasons = None if shape.generation.stop is None else [turn.stop_reason for turn in turns]
     threshold = job_threshold(ctx, request.cache_hit_threshold, forced=forced_cache_threshold(call), transfer=transfer)
     prompt_plans = parsed.prompt_plans
     if prompt_plans is None or prompt_plans[0].cache_hit_threshold != threshold:  # (never without a prompt)
