@@ -17,6 +17,7 @@ from llmsim.api.http import JSON_HEADERS, error_body, openai_error_type
 __all__ = [
     "JSON_HEADERS",
     "ApiError",
+    "ResponseClosed",
     "anthropic_error_body",
     "anthropic_error_type",
     "error_body",
@@ -43,6 +44,11 @@ def anthropic_error_type(status: int) -> str:
     if status >= 500 and status not in _ANTHROPIC_TYPES:
         return "api_error"
     return _ANTHROPIC_TYPES.get(status, "invalid_request_error")
+
+
+class ResponseClosed(Exception):
+    """The client went away before the response was made: there is nothing to answer.
+    (``generation.collect`` raises it; ``Api.handle`` lets the handler end quietly.)"""
 
 
 class ApiError(Exception):

@@ -31,7 +31,7 @@ from typing import NamedTuple, Protocol
 import trio
 
 from llmsim.api.context import ApiContext, Call, request_adapter
-from llmsim.api.errors import ApiError
+from llmsim.api.errors import ApiError, ResponseClosed
 from llmsim.api.http import Headers, ResponseStream
 from llmsim.api.plan import GenerationPlan
 from llmsim.api.request_fields import check_n_limit
@@ -436,7 +436,8 @@ async def stream(
     *,
     refusal: ApiError | None = None,
 ) -> None:
-    """Run ``plan`` as a 200 event stream rendered by ``renderer``; return when it ended.
+    """Run ``plan`` as a 200 event stream rendered by ``renderer``; return when it ended,
+    or as soon as the client went away (the response's close: see ``Api.ends_on_close``).
 
     With a ``refusal`` (what vLLM's engine refuses as it takes the request, such as
     too many logprobs) the stream holds only that error (:func:`stream_error`)."""
@@ -457,6 +458,7 @@ async def stream(
         head = renderer.head()
         if head:
             response.write(head)
+        response.on_close(sink.done.set)  # the client went away: leave (the jobs are cancelled on the way out)
         await sink.done.wait()
 
 
@@ -473,7 +475,8 @@ def stream_error(call: Call, renderer: StreamRenderer, error: ApiError, headers:
 
 async def collect(call: Call, plan: GenerationPlan, *, refusal: ApiError | None = None) -> list[Job]:
     """Run ``plan`` to the end and return its finished jobs, in choice-index order
-    (raise ``refusal`` instead, if there is one: a complete response gets its status)."""
+    (raise ``refusal`` instead, if there is one: a complete response gets its status).
+    Raises :class:`ResponseClosed` as soon as the client went away."""
     if refusal is not None:
         raise refusal
     ctx = call.ctx
@@ -481,5 +484,8 @@ async def collect(call: Call, plan: GenerationPlan, *, refusal: ApiError | None 
     jobs = build_jobs(plan, sink, request_adapter())
     log = request_log(ctx, plan, jobs)
     with SubmittedJobs(ctx.engine, jobs, ctx.clock, call.request.received_at, log=log):
+        call.response.on_close(sink.done.set)  # the client went away: leave (the jobs are cancelled on the way out)
         await sink.done.wait()
+    if call.response.closed:
+        raise ResponseClosed
     return jobs

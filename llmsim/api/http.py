@@ -12,7 +12,8 @@ see ``WriteCoalescer`` in :mod:`llmsim.protocol.native.connection`).
 A response moves through the states of :mod:`llmsim.api.response_state` (re-exported
 here); every implementation moves through the same table.  When the client goes away
 (EOF, RST_STREAM, connection loss) the protocol layer closes the response, runs its
-close callbacks and cancels the handler task.
+close callbacks and cancels the handler task (unless the application ends on close by
+itself: see :class:`Application`).
 
 Both sides also answer errors in one envelope: the protocol layer's own (400, 408,
 413, 431, a failed handler's 500) in the same ``{"error": {...}}`` body as the API's,
@@ -307,12 +308,21 @@ class ResponseWrapper:
 
 
 class Application(Protocol):
-    """What both the native handlers and the ASGI adapter serve."""
+    """What both the native handlers and the ASGI adapter serve.
+
+    An application may say ``ends_on_close = True`` (a class attribute): each of its
+    handlers returns soon after its response's ``on_close`` callbacks ran, by itself,
+    so that the backend need not be able to cancel it when the client goes away, and
+    the native backend runs it in no cancel scope of its own (a cancel scope per
+    request costs about as much as parsing its head).  Without it, the backend cancels
+    the handler.  Either way, shutdown cancels every handler still running.
+    """
 
     async def handle(self, request: HttpRequest, response: ResponseStream) -> None:
         """Answer ``request`` on ``response``.  Must call ``response.end`` unless cancelled.
 
-        The backend runs this in a task it cancels when the client goes away.  If it
+        The backend runs this in a task it cancels when the client goes away (unless
+        the application ``ends_on_close``, above).  If it
         raises before :meth:`ResponseStream.start`, the client gets a 500 in the
         :func:`error_body` envelope; if it raises after, the response is aborted and
         closed: the client never sees it complete (HTTP/2: RST_STREAM; HTTP/1.1: the

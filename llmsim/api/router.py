@@ -20,10 +20,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 
 import attrs
+import trio
 
 from llmsim.api.auth import authorized, send_unauthorized
 from llmsim.api.context import ApiContext, Call
-from llmsim.api.errors import JSON_HEADERS, ApiError
+from llmsim.api.errors import JSON_HEADERS, ApiError, ResponseClosed
 from llmsim.api.http import HttpRequest, ResponseStream
 
 __all__ = ["Api", "ErrorStyle", "Handler", "Router"]
@@ -66,6 +67,9 @@ class Resolved:
     handler: Handler
     params: Mapping[str, str]
     error_style: str
+    #: The handler waits for something its response's close does not end: Api runs it
+    #: in a cancel scope the close cancels (see Api.ends_on_close).
+    cancel_on_close: bool = False
 
 
 def _handler(route: _Route, method: str) -> Handler | None:
@@ -83,8 +87,23 @@ class Router:
         # Exact routes' answers, by (method, path) as sent:
         self._resolved: dict[tuple[str, str], Resolved] = {}
         self._content_types: list[tuple[str, Resolved]] = []  # (content-type prefix, its handler)
+        self._cancelled_on_close: set[Handler] = set()  # see add
 
-    def add(self, method: str, path: str, handler: Handler, *, error_style: str = ErrorStyle.OPENAI) -> None:
+    def add(
+        self,
+        method: str,
+        path: str,
+        handler: Handler,
+        *,
+        error_style: str = ErrorStyle.OPENAI,
+        cancel_on_close: bool = False,
+    ) -> None:
+        """Route ``method path`` to ``handler``.  ``cancel_on_close``: the handler waits
+        for something other than its jobs (``generation.stream`` and ``collect`` end
+        when the response closes, and a handler that never waits needs nothing), so it
+        must be cancelled when the client goes away."""
+        if cancel_on_close:
+            self._cancelled_on_close.add(handler)
         segments = tuple(path.split("/"))
         is_pattern = any(s.startswith("{") for s in segments)
         table = self._patterns if is_pattern else None
@@ -98,10 +117,11 @@ class Router:
         route.handlers[method.upper()] = handler
         self._resolved.clear()
 
-    def add_content_type(self, prefix: str, handler: Handler) -> None:
+    def add_content_type(self, prefix: str, handler: Handler, *, cancel_on_close: bool = False) -> None:
         """Every ``POST`` whose Content-Type starts with ``prefix`` goes to ``handler``,
-        whatever its path (checked before the paths)."""
-        self._content_types.append((prefix, Resolved(handler, _NO_PARAMS, ErrorStyle.OPENAI)))
+        whatever its path (checked before the paths); ``cancel_on_close`` as for :meth:`add`."""
+        resolved = Resolved(handler, _NO_PARAMS, ErrorStyle.OPENAI, cancel_on_close=cancel_on_close)
+        self._content_types.append((prefix, resolved))
 
     def resolve_request(self, request: HttpRequest) -> Resolved:
         """The handler for ``request``: its content type's family, else its path's
@@ -140,7 +160,7 @@ class Router:
         if exact is not None:
             handler = _handler(exact, method)
             if handler is not None:
-                return Resolved(handler, _NO_PARAMS, exact.error_style)
+                return self._resolved_to(handler, _NO_PARAMS, exact.error_style)
         matched = exact
         segments = tuple(path.split("/"))
         for candidate in self._patterns:
@@ -149,7 +169,7 @@ class Router:
                 continue
             handler = _handler(candidate, method)
             if handler is not None:
-                return Resolved(handler, params, candidate.error_style)
+                return self._resolved_to(handler, params, candidate.error_style)
             matched = matched or candidate
         if matched is None:
             raise ApiError(404, f"Not Found: no route for {path}")
@@ -159,6 +179,9 @@ class Router:
             f"Method Not Allowed: {method} is not supported on {path}; use {allow.decode()}",
             headers=((b"allow", allow),),
         )
+
+    def _resolved_to(self, handler: Handler, params: Mapping[str, str], error_style: str) -> Resolved:
+        return Resolved(handler, params, error_style, cancel_on_close=handler in self._cancelled_on_close)
 
     def error_style_for(self, path: str) -> str:
         route = self._exact.get(path)
@@ -172,7 +195,17 @@ class Api:
     """The :class:`~llmsim.api.http.Application` of llmsim: routes, runs, and turns errors
     into envelopes.  An ApiError after the response started is the handler's to report
     in-band; here it can only end the stream.  Any other exception after the start is
-    re-raised, so that the protocol layer aborts the response on the wire."""
+    re-raised, so that the protocol layer aborts the response on the wire.
+
+    It ends on close (``ends_on_close``): a handler returns soon after its response
+    closed without being cancelled, since the only waits of the generating endpoints
+    (``generation.stream`` and ``collect``) end at the close, most handlers never wait,
+    and the few that wait for something else (``Router.add(..., cancel_on_close=True)``)
+    run here in a scope the close cancels.  So the native server runs no cancel scope
+    per generating request.
+    """
+
+    ends_on_close = True
 
     def __init__(self, ctx: ApiContext, router: Router) -> None:
         self.ctx = ctx
@@ -189,7 +222,12 @@ class Api:
             self._send_error(response, error, self.router.error_style_for(request.path))
             return
         try:
-            await resolved.handler(Call(self.ctx, request, response, resolved.params))
+            if resolved.cancel_on_close:
+                await _cancelled_on_close(resolved.handler, Call(self.ctx, request, response, resolved.params))
+            else:
+                await resolved.handler(Call(self.ctx, request, response, resolved.params))
+        except ResponseClosed:
+            return  # the client is gone: nothing to answer
         except ApiError as error:
             self._send_error(response, error, resolved.error_style)
         except Exception:
@@ -212,3 +250,10 @@ class Api:
         headers = (*JSON_HEADERS, *error.headers, (b"content-length", str(len(body)).encode()))
         response.start(error.status, headers)
         response.end(body)
+
+
+async def _cancelled_on_close(handler: Handler, call: Call) -> None:
+    """Run ``handler`` in a cancel scope that its response's close cancels."""
+    with trio.CancelScope() as scope:
+        call.response.on_close(scope.cancel)
+        await handler(call)

@@ -45,6 +45,7 @@ _STREAMING = ResponseState.STREAMING
 _ENDED = ResponseState.ENDED
 _START, _WRITE, _END = ResponseEvent.START, ResponseEvent.WRITE, ResponseEvent.END
 _COMPLETE, _CLOSE = ResponseEvent.COMPLETE, ResponseEvent.CLOSE
+_ABORTED_STATES = frozenset(state for state in ResponseState if state.closed and state is not ResponseState.DONE)
 
 
 class StreamHost(Protocol[_StreamT]):
@@ -72,7 +73,7 @@ class BufferedResponse(ResponseStateFlags):
     status: int = attrs.field(default=0, init=False)
     headers: tuple[tuple[bytes, bytes], ...] = attrs.field(default=(), init=False)
     trailers: tuple[tuple[bytes, bytes], ...] = attrs.field(default=(), init=False)  # given to end()
-    cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
+    _cancel_scope: trio.CancelScope | None = attrs.field(default=None, init=False)  # see cancel_scope
     queued: bool = attrs.field(default=False, init=False)  # the host's bookkeeping: waiting to be sent
     # The host may frame a write at once, into its next batch, instead of buffering it
     # (HTTP/2's per-token case); False where each piece must leave in a batch of its own.
@@ -87,6 +88,21 @@ class BufferedResponse(ResponseStateFlags):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.state.value} {self.status or '-'} {self.buffered}B>"
+
+    @property
+    def cancel_scope(self) -> trio.CancelScope:
+        """The scope the handler runs in, cancelled when the client goes away (:meth:`abort`).
+
+        Made when first asked for: a handler of an application that ends on its own
+        once the response closes (``Application`` in :mod:`llmsim.api.http`) runs in
+        none, and making one for every request cost as much as its request head.  Made
+        after the client went away, it comes cancelled."""
+        scope = self._cancel_scope
+        if scope is None:
+            scope = self._cancel_scope = trio.CancelScope()
+            if self.state in _ABORTED_STATES:
+                scope.cancel()
+        return scope
 
     # --- ResponseStream: the API side (closed/started/ended: ResponseStateFlags) ----
     def start(self: _Self, status: int, headers: Headers) -> None:
@@ -178,7 +194,8 @@ class BufferedResponse(ResponseStateFlags):
         self.chunks.clear()
         self.buffered = 0
         self.drained_callbacks.clear()
-        self.cancel_scope.cancel()
+        if self._cancel_scope is not None:  # (else one made later comes cancelled)
+            self._cancel_scope.cancel()
         callbacks, self._close_callbacks = self._close_callbacks, []
         if not state.ended:
             for callback in callbacks:

@@ -110,3 +110,16 @@ def test_respond_error_is_a_complete_response_in_the_envelope() -> None:
         (b"connection", b"close"),
     )
     assert body == b'{"error":{"message":"too big","type":"RequestEntityTooLarge","param":null,"code":413}}'
+
+
+async def test_the_cancel_scope_is_made_when_asked_for_and_comes_cancelled_after_an_abort() -> None:
+    """(A handler of an application that ends on its own runs in none: see stream.run_handler.)"""
+    stream, _ = response()
+    stream.start(200, ())
+    stream.abort()
+    assert stream.cancel_scope.cancel_called  # made now, after the client went away
+    done, _ = response()
+    done.start(200, ())
+    done.end()
+    done.finish()
+    assert not done.cancel_scope.cancel_called  # complete: nothing to cancel

@@ -159,6 +159,6 @@ async def _drained(engine: Engine) -> None:
 def register(router: Router) -> None:
     router.add("GET", "/admin/config", get_config)
     router.add("POST", "/admin/config", post_config)
-    router.add("POST", "/sleep", sleep)
+    router.add("POST", "/sleep", sleep, cancel_on_close=True)  # mode=wait polls until drained
     router.add("POST", "/wake_up", wake_up)
     router.add("GET", "/is_sleeping", is_sleeping)

@@ -153,4 +153,4 @@ async def _answer(method: Method, call: Call, response: GrpcResponse) -> None:
 
 
 def register(router: Router) -> None:
-    router.add_content_type("application/grpc", GrpcService().handle)
+    router.add_content_type("application/grpc", GrpcService().handle, cancel_on_close=True)  # its own waits

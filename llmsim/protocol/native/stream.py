@@ -15,6 +15,7 @@ remains anywhere else.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from typing import Protocol, Self, TypeVar
 
@@ -30,6 +31,7 @@ __all__ = ["NativeHost", "OutboundStream", "content_length", "run_handler", "spl
 
 # A handler that returned has usually ended its response (ENDED) or had it sent (DONE).
 _ENDED, _DONE = ResponseState.ENDED, ResponseState.DONE
+_NO_SCOPE = contextlib.nullcontext()  # (reusable: it holds nothing)
 
 
 _StreamT = TypeVar("_StreamT", bound="OutboundStream", contravariant=True)
@@ -135,7 +137,10 @@ async def run_handler(
         await run_with_faults(app, request, stream, header, faults)
         return
     # handle_or_fail and fail_if_unended, inlined: one coroutine and two calls less per request.
-    with stream.cancel_scope:
+    # An application that ends on its own once its response closes runs in no cancel
+    # scope of its own (entering and leaving one: ~42,000 instructions, a seventh of an
+    # HTTP/2 request's intake): ``stream.abort`` runs its close callbacks all the same.
+    with _NO_SCOPE if getattr(app, "ends_on_close", False) else stream.cancel_scope:
         try:
             await app.handle(request, stream)
         except Exception:

@@ -40,7 +40,7 @@ pytestmark = pytest.mark.skipif(NATIVE is None, reason="llmsim._speedups is not 
 HEAD = [(b"content-type", b"text/event-stream")]
 TOKEN = b'data: {"choices":[{"delta":{"content":" token"}}]}\n\n'
 # Fields that hold objects of one side (compared by identity) or the time a call happened.
-UNCOMPARED = {"host", "cancel_scope", "h2stream", "request", "received_at", "deadline"}
+UNCOMPARED = {"host", "_cancel_scope", "h2stream", "request", "received_at", "deadline"}
 
 
 Wire = RecordingTransport  # (its handler tasks never run: the test drives the response itself)
