@@ -18,8 +18,10 @@ from h2.settings import SettingCodes, Settings
 from hyperframe.frame import Frame, GoAwayFrame
 
 from llmsim.api.http import Application, HttpRequest, ResponseStream
+from llmsim.config import Config
 from llmsim.protocol.native.connection import Connection
-from llmsim.protocol.settings import ConnectionTracker, ProtocolSettings
+from llmsim.protocol.native.server import serve_app
+from llmsim.protocol.settings import ConnectionTracker, ProtocolSettings, ServerHandle
 
 SSE = ((b"content-type", b"text/event-stream"),)
 
@@ -155,6 +157,21 @@ async def open_memory_connection(
         nursery.start_soon(run)
         yield MemoryConnection(client, connection, tracker, done)
         nursery.cancel_scope.cancel()
+
+
+async def serve_until_cancelled(
+    app: Application,
+    config: Config,
+    scope: trio.CancelScope,
+    done: trio.Event,
+    *,
+    task_status: trio.TaskStatus[ServerHandle],
+) -> None:
+    """``serve_app`` until ``scope`` is cancelled (a shutdown, with its grace period);
+    ``done`` is set once it returned."""
+    with scope:
+        await serve_app(app, config.server, task_status=task_status)
+    done.set()
 
 
 def split_frames(data: bytes) -> tuple[list[tuple[Frame, int]], bytes]:

@@ -12,8 +12,7 @@ import trio.testing
 from llmsim.api.http import HttpRequest, ResponseStream
 from llmsim.config import Config
 from llmsim.protocol.settings import ServerHandle
-from tests.protocol.helpers import H2Client, TestApp, open_memory_connection
-from tests.protocol.native.test_shutdown import _serve_until_cancelled
+from tests.protocol.helpers import H2Client, TestApp, open_memory_connection, serve_until_cancelled
 
 
 @attrs.define(eq=False)
@@ -75,7 +74,7 @@ async def test_shutdown_still_cancels_a_handler_that_did_not_end(
     app = ClosingApp()
     scope, done = trio.CancelScope(), trio.Event()
     handle: ServerHandle = await nursery.start(
-        _serve_until_cancelled, app, Config(port=0, shutdown_grace_period=4.0), scope, done
+        serve_until_cancelled, app, Config(port=0, shutdown_grace_period=4.0), scope, done
     )
     stream = await trio.open_tcp_stream(handle.host, handle.port)
     await stream.send_all(b"GET /stubborn HTTP/1.1\r\nHost: x\r\n\r\n")

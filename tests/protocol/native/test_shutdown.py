@@ -8,9 +8,15 @@ from h2.errors import ErrorCodes
 
 from llmsim.config import Config
 from llmsim.protocol.native.connection import ConnectionPhase
-from llmsim.protocol.native.server import serve_app
 from llmsim.protocol.settings import ServerHandle
-from tests.protocol.helpers import H1Client, H2Client, TestApp, open_memory_connection, receive_all
+from tests.protocol.helpers import (
+    H1Client,
+    H2Client,
+    TestApp,
+    open_memory_connection,
+    receive_all,
+    serve_until_cancelled,
+)
 
 
 async def test_h2_shutdown_sends_goaway_with_the_last_stream_and_finishes_it() -> None:
@@ -71,23 +77,10 @@ async def test_h1_shutdown_before_the_head_announces_connection_close() -> None:
     assert (b"connection", b"close") in head.headers
 
 
-async def _serve_until_cancelled(
-    app: TestApp,
-    config: Config,
-    scope: trio.CancelScope,
-    done: trio.Event,
-    *,
-    task_status: trio.TaskStatus[ServerHandle],
-) -> None:
-    with scope:
-        await serve_app(app, config.server, task_status=task_status)
-    done.set()
-
-
 async def test_server_shutdown_waits_for_in_flight_streams_then_returns(nursery: trio.Nursery) -> None:
     app = TestApp()
     scope, done = trio.CancelScope(), trio.Event()
-    handle: ServerHandle = await nursery.start(_serve_until_cancelled, app, Config(port=0), scope, done)
+    handle: ServerHandle = await nursery.start(serve_until_cancelled, app, Config(port=0), scope, done)
     stream = await trio.open_tcp_stream(handle.host, handle.port)
     client = H2Client(stream)
     await client.start()
@@ -117,7 +110,7 @@ async def test_server_shutdown_cancels_what_is_left_at_the_grace_deadline(
     app = TestApp()
     scope, done = trio.CancelScope(), trio.Event()
     config = Config(port=0, shutdown_grace_period=4.0)
-    handle: ServerHandle = await nursery.start(_serve_until_cancelled, app, config, scope, done)
+    handle: ServerHandle = await nursery.start(serve_until_cancelled, app, config, scope, done)
     stream = await trio.open_tcp_stream(handle.host, handle.port)
     await stream.send_all(b"GET /hold HTTP/1.1\r\nHost: x\r\n\r\n")
     await app.holding.wait()
