@@ -42,8 +42,12 @@ SIMULATED_LLMD_ADMIN_KEYS = {
 
 
 @asynccontextmanager
+# verify=False: plain HTTP, and a verifying client loads the CA bundle first (~0.1 s each)
 async def serving(**config: Any) -> AsyncIterator[httpx.AsyncClient]:
-    async with open_simulator(**config) as server, httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+    async with (
+        open_simulator(**config) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=30, verify=False) as client,
+    ):
         yield client
 
 
