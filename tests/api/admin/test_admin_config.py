@@ -41,8 +41,8 @@ SIMULATED_LLMD_ADMIN_KEYS = {
 }
 
 
-@asynccontextmanager
 # verify=False: plain HTTP, and a verifying client loads the CA bundle first (~0.1 s each)
+@asynccontextmanager
 async def serving(**config: Any) -> AsyncIterator[httpx.AsyncClient]:
     async with (
         open_simulator(**config) as server,

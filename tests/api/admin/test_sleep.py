@@ -25,8 +25,8 @@ from tests.api.fakes import FakeResponse, post, running, sse_payloads
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 
 
-@asynccontextmanager
 # verify=False: plain HTTP, and a verifying client loads the CA bundle first (~0.1 s each)
+@asynccontextmanager
 async def serving(**config: Any) -> AsyncIterator[httpx.AsyncClient]:
     config = {"enable_sleep_mode": True, **config}
     async with (
