@@ -13,11 +13,9 @@ the C one must agree on everything, floats compared by ``repr`` (so ``-0.0`` is 
 from __future__ import annotations
 
 import collections
-import gc
 import math
 import random
 import sys
-import tracemalloc
 import types
 from typing import Any
 
@@ -31,6 +29,7 @@ from llmsim.engine.grid import grid_span
 from llmsim.engine.scheduler import PURE_RUN
 from llmsim.engine.timetable import READY
 from llmsim.speedups import NATIVE
+from tests.engine.leaks import assert_flat
 
 pytestmark = pytest.mark.skipif(NATIVE is None, reason="llmsim._speedups is not built (or LLMSIM_PURE=1)")
 
@@ -327,20 +326,6 @@ def test_no_leaks_in_catchups(quantum: float) -> None:
                 now = max(now, deadline) + rng.choice([0.0, 0.05, 0.09, 0.4])
                 engine.step(now)
 
-    run(20)
-    gc.collect()
-    before = [sys.getrefcount(item) for item in watched]
-    tracemalloc.start()
-    try:
-        run(20)
-        gc.collect()
-        start, _ = tracemalloc.get_traced_memory()
-        run(400)
-        gc.collect()
-        end, _ = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert [sys.getrefcount(item) for item in watched] == before
-    assert end - start < 20_000, (start, end)
+    assert_flat(run, watched, warm_ups=(20, 20), measured=400)
     assert engine.statistics().finished == 440 * len(sinks)
     assert sum(sink.calls for sink in sinks) > 10_000

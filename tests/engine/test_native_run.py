@@ -14,11 +14,9 @@ for bit).
 from __future__ import annotations
 
 import contextlib
-import gc
 import math
 import random
 import sys
-import tracemalloc
 import types
 from typing import Any
 
@@ -32,6 +30,7 @@ from llmsim.engine.pause import PauseState
 from llmsim.engine.scheduler import PURE_RUN
 from llmsim.engine.timetable import READY
 from llmsim.speedups import NATIVE
+from tests.engine.leaks import assert_flat
 
 pytestmark = pytest.mark.skipif(NATIVE is None, reason="llmsim._speedups is not built (or LLMSIM_PURE=1)")
 
@@ -389,21 +388,7 @@ def test_no_reference_or_memory_leaks(every: int, quantum: float) -> None:
         engine._resumed,
         PURE_RUN,
     ]
-    run_steps(engine, 2000)
-    gc.collect()
-    before = [sys.getrefcount(item) for item in watched]
-    tracemalloc.start()
-    try:
-        run_steps(engine, 1000)
-        gc.collect()
-        start, _ = tracemalloc.get_traced_memory()
-        run_steps(engine, 10_000)
-        gc.collect()
-        end, _ = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert [sys.getrefcount(item) for item in watched] == before
-    assert end - start < 20_000, (start, end)
+    assert_flat(lambda steps: run_steps(engine, steps), watched, warm_ups=(2000, 1000), measured=10_000)
     assert sum(sink.calls for sink in sinks) > 10_000
     assert all(job.state is JobState.DECODING for job in jobs)
 
