@@ -31,7 +31,7 @@ from llmsim.api.turns import TurnPlan, text_blocks
 from llmsim.model.drawn import DrawnTokens
 from llmsim.model.text import FinishReason
 
-__all__ = ["StopRule", "finish_turn", "hold_back", "stop_rule", "stop_turn", "with_eos"]
+__all__ = ["StopRule", "finish_turn", "hold_back", "stop_reasons", "stop_rule", "stop_turn", "with_eos"]
 
 T = TypeVar("T")
 
@@ -102,6 +102,13 @@ def stop_rule(request: GenerationParams) -> StopRule | None:
         request.min_tokens or 0,
         request.streaming,
     )
+
+
+def stop_reasons(turns: Sequence[TurnPlan], stop: StopRule | None) -> list[str | int | None] | None:
+    """Each turn's stop reason, for the renderers; None when there is no ``stop`` rule,
+    since only one ends a turn with a reason: "none did", for every choice, and the
+    renderers skip looking them up."""
+    return None if stop is None else [turn.stop_reason for turn in turns]
 
 
 def finish_turn(ctx: ApiContext, turn: TurnPlan, cap: int, stop: StopRule | None = None) -> TurnPlan:

@@ -29,6 +29,7 @@ from llmsim.api.plan import GenerationPlan, GenerationShape, PromptPlan, Structu
 from llmsim.api.prompts import check_context_length
 from llmsim.api.request_fields import check_sampling_params, token_id_refusal
 from llmsim.api.router import Router
+from llmsim.api.stops import stop_reasons
 from llmsim.api.structured import structured_output
 from llmsim.api.transfer import (
     KvTransfer,
@@ -173,9 +174,7 @@ async def chat_completions(call: Call) -> None:
             parsed.prompt = prompt
     plan = GenerationPlan(identity.request_id, (prompt,), turns, shape.generation.choices)
     tool_calls = [turn.tool_calls for turn in turns] if shape.calling else None
-    # Only a stop rule ends a turn with a stop reason (llmsim/api/stops.py): without one,
-    # None says "none did" for every choice, and the renderers skip looking them up.
-    stop_reasons = None if shape.generation.stop is None else [turn.stop_reason for turn in turns]
+    reasons = stop_reasons(turns, shape.generation.stop)
     logprobs = refusal = None
     if request.logprobs:
         top_logprobs, refusal = checked_logprobs(ctx, request.top_logprobs or 0)
@@ -200,7 +199,7 @@ async def chat_completions(call: Call) -> None:
             chunk_usage=ChunkUsage(len(prompt_ids), with_details=True) if shape.generation.continuous_usage else None,
             fingerprint=ctx.system_fingerprint,
             usage_style=usage,
-            stop_reasons=stop_reasons,
+            stop_reasons=reasons,
         )
         # Not held while the stream runs (memory per stream): the request, a dict class
         # of more fields than CPython shares keys for, takes ~1.6 KB.
@@ -220,7 +219,7 @@ async def chat_completions(call: Call) -> None:
         fingerprint=ctx.system_fingerprint,
         usage_style=usage,
         forced_tool_calls=shape.calling and shape.tool_choice != "auto",
-        stop_reasons=stop_reasons,
+        stop_reasons=reasons,
         kv_transfer_params=transfer.response_params(),
         ec_transfer_params=ec_params,
     )

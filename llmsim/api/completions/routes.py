@@ -20,6 +20,7 @@ from llmsim.api.plan import GenerationPlan, GenerationShape, PromptPlan, Structu
 from llmsim.api.prompts import CompletionPrompt, check_context_length, completion_prompts
 from llmsim.api.request_fields import check_sampling_params, token_id_refusal
 from llmsim.api.router import Router
+from llmsim.api.stops import stop_reasons
 from llmsim.api.structured import structured_output
 from llmsim.api.transfer import (
     KvTransfer,
@@ -113,9 +114,7 @@ async def completions(call: Call) -> None:
         prompt_ids=[prompt.token_ids for prompt in prompts],
     )
     turns = transfer.finish(turns)
-    # Only a stop rule ends a turn with a stop reason (llmsim/api/stops.py): without one,
-    # None says "none did" for every choice, and the renderers skip looking them up.
-    stop_reasons = None if shape.generation.stop is None else [turn.stop_reason for turn in turns]
+    reasons = stop_reasons(turns, shape.generation.stop)
     threshold = job_threshold(ctx, request.cache_hit_threshold, forced=forced_cache_threshold(call), transfer=transfer)
     prompt_plans = parsed.prompt_plans
     if prompt_plans is None or prompt_plans[0].cache_hit_threshold != threshold:  # (never without a prompt)
@@ -149,7 +148,7 @@ async def completions(call: Call) -> None:
             chunk_usages=chunk_usages,
             fingerprint=ctx.system_fingerprint,
             usage_style=usage,
-            stop_reasons=stop_reasons,
+            stop_reasons=reasons,
         )
         await stream(call, plan, renderer, identity.headers, refusal=refusal)
         return
@@ -165,7 +164,7 @@ async def completions(call: Call) -> None:
         logprobs=logprobs,
         fingerprint=ctx.system_fingerprint,
         usage_style=usage,
-        stop_reasons=stop_reasons,
+        stop_reasons=reasons,
         kv_transfer_params=transfer.response_params(),
     )
     call.respond(200, body, (*JSON_HEADERS, *identity.headers))
