@@ -42,8 +42,9 @@ _NINETEEN_DIGITS = b"0" * 19
 _UNPARSABLE_BODY = "There was an error parsing the body"
 
 #: The LoRA adapter the request being handled addresses (None: the base model), set by
-#: :meth:`ApiContext.resolve_model`.  Every request runs in a task of its own, so this is
-#: per request; the generation flow reads it when it builds the request's jobs.
+#: :meth:`ApiContext.resolve_model` for every request that builds jobs, before it builds
+#: them (the generation flow reads it then): in the request's own task, or in the
+#: synchronous part of its handler (``Api.start``), where no other request runs between.
 _REQUEST_ADAPTER: ContextVar[str | None] = ContextVar("llmsim_request_adapter", default=None)
 
 
@@ -107,7 +108,7 @@ class ApiContext:
         a LoRA adapter's name is reported as is, and the request's jobs run with it
         (vLLM's ``model_name(lora_request)``, ``vllm/entrypoints/openai/models/serving.py:
         143-146``; the 404 lists the base names only, as vLLM's)."""
-        if _REQUEST_ADAPTER.get() is not None:  # a request's task starts without one: set only to change it
+        if _REQUEST_ADAPTER.get() is not None:  # (set only to change it: a set costs more than a get)
             _REQUEST_ADAPTER.set(None)
         if name is None:
             return self._display_model

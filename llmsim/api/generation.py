@@ -7,19 +7,22 @@ vLLM's ``--max-num-queued-reqs`` before planning (:func:`check_job_count`, a 503
 llm-d-inference-sim's ``--max-waiting-queue-length`` as the jobs are submitted, all or
 none (:class:`SubmittedJobs`, a 429), so a full queue is a real status and nothing is
 left behind (:func:`queue_full_error` maps the limit to what the client sees).  Then
-the handler waits on one event; the engine task drives the jobs and calls their sink:
+the engine task drives the jobs and calls their sink:
 
 * :func:`stream` — a :class:`StreamingSink` renders each step's tokens with the
   endpoint's :class:`StreamRenderer` and writes them at once.  The renderer decides
   the framing: ``data:`` lines and ``[DONE]`` (chat, completions) or ``event:`` +
   ``data:`` (responses, messages), its opening events, its closing ones and its in-band
-  error event.
+  error event.  Nothing waits: ``stream`` returns once the jobs are submitted and the
+  head is written, and the sink ends the response (so a handler that only streams
+  needs no task: see ``Application.start`` in :mod:`llmsim.api.http`).
 * :func:`collect` — a :class:`CollectingSink` only notices when the last job finished;
-  the handler renders the complete body from the finished jobs.
+  the handler waits for that and renders the complete body from the finished jobs.
 
-When the client goes away the protocol cancels the handler, and leaving
-``SubmittedJobs`` cancels every unfinished job in the engine at once, freeing their
-slots.
+However the request ends — its last job finished, the stream failed, the client went
+away — leaving ``SubmittedJobs`` cancels every unfinished job in the engine at once,
+freeing their slots (:meth:`SubmittedJobs.leave`: the sink's end and the response's
+close call it for a stream; the end of the ``with`` block for ``collect``).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import trio
 
 from llmsim.api.context import ApiContext, Call, request_adapter
 from llmsim.api.errors import ApiError, ResponseClosed
-from llmsim.api.http import Headers, ResponseStream
+from llmsim.api.http import JSON_HEADERS, Headers, ResponseStream
 from llmsim.api.plan import GenerationPlan
 from llmsim.api.request_fields import check_n_limit
 from llmsim.api.request_log import RequestLog, request_log
@@ -48,6 +51,7 @@ __all__ = [
     "QUEUE_OVERFLOW_MESSAGE",
     "WAITING_QUEUE_FULL_MESSAGE",
     "CollectingSink",
+    "PendingJobs",
     "RequestIdentity",
     "StreamRenderer",
     "StreamingSink",
@@ -57,8 +61,11 @@ __all__ = [
     "check_output_volume",
     "collect",
     "queue_full_error",
+    "respond_collected",
     "stream",
     "stream_error",
+    "stream_to_end",
+    "submit_collected",
 ]
 
 log = logging.getLogger("llmsim.api")
@@ -232,7 +239,9 @@ class CollectingSink:
 
 class StreamingSink:
     """For streaming requests: renders every step's tokens and writes them with one
-    ``response.write``; ends the response when the last job finished.
+    ``response.write``; ends the response when the last job finished, and then calls
+    :attr:`on_end` (once: also when the stream fails, or :meth:`stop` ends it because
+    the client went away).
 
     Backpressure: when the write finds the client's buffer full the job is paused
     (``on_output`` returns False) and resumed through ``resume`` once it drained.
@@ -253,7 +262,7 @@ class StreamingSink:
         "_resume",
         "_token_close",
         "_token_opens",
-        "done",
+        "on_end",
     )
 
     def __init__(
@@ -263,8 +272,9 @@ class StreamingSink:
         job_count: int,
         resume: Callable[[Job], None],
     ) -> None:
-        self.done = trio.Event()
-        self._ended = False  # mirrors done.is_set(), cheaper on the per-token path
+        self._ended = False
+        #: Called once as the stream ends, however it does (None: nothing to call).
+        self.on_end: Callable[[], None] | None = None
         self._response = response
         self._renderer = renderer
         self._job_count = job_count
@@ -275,9 +285,14 @@ class StreamingSink:
         self._token_opens = plain.opens if plain is not None else None
         self._token_close = plain.close if plain is not None else b""
 
+    @property
+    def ended(self) -> bool:
+        """The stream ended: every job finished, it failed, or it was stopped."""
+        return self._ended
+
     def on_output(self, job: Job, start: int, stop: int, now: float) -> bool:
         if self._ended:
-            return True  # the stream already ended in error; the handler cancels the rest
+            return True  # the stream already ended (in error); on_end cancels the rest
         try:
             opens = self._token_opens
             if opens is not None and start and stop > start and job.state is _DECODING:
@@ -322,6 +337,12 @@ class StreamingSink:
             self._response.end(self._renderer.error(error))
         self._end()
 
+    def stop(self) -> None:
+        """End the stream without writing anything (the client went away: the response's
+        close callback); a no-op once it ended."""
+        if not self._ended:
+            self._end()
+
     def _end(self) -> None:
         self._ended = True
         # The jobs point back at this sink: holding them would leave the request's
@@ -329,7 +350,9 @@ class StreamingSink:
         # cycle collector to find; once the stream ended they are needed no more.
         self._finished = []
         self._paused = []
-        self.done.set()
+        on_end, self.on_end = self.on_end, None
+        if on_end is not None:
+            on_end()
 
     def _finish(self, job: Job, data: bytes) -> None:
         self._finished.append(job)
@@ -365,6 +388,10 @@ class SubmittedJobs:
     (:func:`~llmsim.api.request_log.request_log`; None: no log) gets its lines once the
     jobs are in the engine and as they are left, before that cancelling.
 
+    Without a ``with`` block (a stream, whose end no task waits for): :meth:`submit`,
+    then :meth:`leave` once, from whatever ends the request.  (The engine allows
+    ``leave`` from inside a sink call, mid-step: a cancelled job's entry goes stale.)
+
     ``arrival`` is when the request's first bytes arrived (``HttpRequest.received_at``;
     None: now).  The jobs arrive then, so that the TTFT a client measures does not
     include what reading, parsing and planning took; vLLM's metrics follow (TTFT and
@@ -376,7 +403,7 @@ class SubmittedJobs:
     context manager, even a ``nullcontext``, cost two more calls per request.)
     """
 
-    __slots__ = ("_arrival", "_clock", "_engine", "_jobs", "_log")
+    __slots__ = ("_arrival", "_clock", "_engine", "_jobs", "_left", "_log")
 
     def __init__(
         self,
@@ -392,8 +419,16 @@ class SubmittedJobs:
         self._clock = clock
         self._arrival = arrival
         self._log = log
+        self._left = False
 
     def __enter__(self) -> None:
+        self.submit()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.leave()
+
+    def submit(self) -> None:
+        """Submit every job (raises, with none left in the engine, if one is refused)."""
         try:
             self._submit()
             if self._log is not None:
@@ -402,7 +437,11 @@ class SubmittedJobs:
             self._cancel_unfinished()
             raise
 
-    def __exit__(self, *exc_info: object) -> None:
+    def leave(self) -> None:
+        """The request leaves its jobs: log it, cancel those not finished.  Only the first call counts."""
+        if self._left:
+            return
+        self._left = True
         try:
             if self._log is not None:
                 self._log.left()
@@ -428,22 +467,28 @@ class SubmittedJobs:
                 self._engine.cancel(job, now)
 
 
-async def stream(
+def stream(
     call: Call,
     plan: GenerationPlan,
     renderer: StreamRenderer,
     headers: Headers = (),
     *,
     refusal: ApiError | None = None,
-) -> None:
-    """Run ``plan`` as a 200 event stream rendered by ``renderer``; return when it ended,
-    or as soon as the client went away (the response's close: see ``Api.ends_on_close``).
+    on_end: Callable[[], None] | None = None,
+) -> StreamingSink | None:
+    """Start ``plan`` as a 200 event stream rendered by ``renderer`` and return at once:
+    the jobs are submitted (a full queue raises its error, nothing started) and the head
+    is written; the engine's steps write the rest, and the sink ends the response.  The
+    jobs left are cancelled as the stream ends or the client goes away; then ``on_end``
+    is called, if given.  Returns the stream's sink (its ``stop`` ends the request
+    early), or None.
 
     With a ``refusal`` (what vLLM's engine refuses as it takes the request, such as
-    too many logprobs) the stream holds only that error (:func:`stream_error`)."""
+    too many logprobs) the stream holds only that error (:func:`stream_error`) and
+    None is returned."""
     if refusal is not None:
         stream_error(call, renderer, refusal, headers)
-        return
+        return None
     ctx = call.ctx
     response = call.response
 
@@ -452,14 +497,46 @@ async def stream(
 
     sink = StreamingSink(response, renderer, len(plan.choices), resume)
     jobs = build_jobs(plan, sink, request_adapter())
-    log = request_log(ctx, plan, jobs)
-    with SubmittedJobs(ctx.engine, jobs, ctx.clock, call.request.received_at, log=log):
+    submitted = SubmittedJobs(ctx.engine, jobs, ctx.clock, call.request.received_at, log=request_log(ctx, plan, jobs))
+    submitted.submit()
+    sink.on_end = submitted.leave if on_end is None else _both(submitted.leave, on_end)
+    try:
         response.start(200, (*SSE_HEADERS, *headers))
         head = renderer.head()
         if head:
             response.write(head)
-        response.on_close(sink.done.set)  # the client went away: leave (the jobs are cancelled on the way out)
-        await sink.done.wait()
+    except BaseException:
+        sink.stop()
+        raise
+    response.on_close(sink.stop)  # the client went away: the jobs are cancelled
+    return sink
+
+
+async def stream_to_end(
+    call: Call,
+    plan: GenerationPlan,
+    renderer: StreamRenderer,
+    headers: Headers = (),
+) -> None:
+    """:func:`stream`, and return once the stream ended or the client went away, for a
+    handler with work after the stream (or cancelled: then the jobs left are cancelled)."""
+    ended = trio.Event()
+    sink = stream(call, plan, renderer, headers, on_end=ended.set)
+    assert sink is not None  # (None only for a refusal)
+    try:
+        await ended.wait()
+    finally:
+        sink.stop()
+
+
+def _both(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:
+        try:
+            first()
+        finally:
+            then()
+
+    return both
 
 
 def stream_error(call: Call, renderer: StreamRenderer, error: ApiError, headers: Headers = ()) -> None:
@@ -473,19 +550,55 @@ def stream_error(call: Call, renderer: StreamRenderer, error: ApiError, headers:
     call.response.end(renderer.head() + renderer.error(error))
 
 
+class PendingJobs:
+    """A plan's jobs submitted for a complete response (:func:`submit_collected`): their
+    submission happens at once, in the handler's synchronous part (right after the queue
+    checks, with no wait in between); :meth:`finished` waits for them."""
+
+    __slots__ = ("_jobs", "_response", "_sink", "_submitted")
+
+    def __init__(self, call: Call, plan: GenerationPlan) -> None:
+        ctx = call.ctx
+        self._response = call.response
+        self._sink = sink = CollectingSink(len(plan.choices))
+        self._jobs = jobs = build_jobs(plan, sink, request_adapter())
+        self._submitted = SubmittedJobs(
+            ctx.engine, jobs, ctx.clock, call.request.received_at, log=request_log(ctx, plan, jobs)
+        )
+        self._submitted.submit()
+        # The client went away: finished() returns (the jobs are cancelled on the way out).
+        call.response.on_close(sink.done.set)
+
+    async def finished(self) -> list[Job]:
+        """The finished jobs, in choice-index order, once the last one finished.  Raises
+        :class:`ResponseClosed` as soon as the client went away (the jobs left are
+        cancelled however this ends, cancellation included)."""
+        try:
+            await self._sink.done.wait()
+        finally:
+            self._submitted.leave()
+        if self._response.closed:
+            raise ResponseClosed
+        return self._jobs
+
+
+def submit_collected(call: Call, plan: GenerationPlan, *, refusal: ApiError | None = None) -> PendingJobs:
+    """Submit ``plan``'s jobs for a complete response (raise ``refusal`` instead, if there
+    is one: a complete response gets its status); await ``finished()`` on the result."""
+    if refusal is not None:
+        raise refusal
+    return PendingJobs(call, plan)
+
+
+async def respond_collected(call: Call, pending: PendingJobs, body: Callable[..., bytes], headers: Headers) -> None:
+    """The rest of a non-streaming request once its jobs are submitted: wait for them,
+    then answer 200 with ``body(jobs=...)`` as JSON (and ``headers``)."""
+    jobs = await pending.finished()
+    call.respond(200, body(jobs=jobs), (*JSON_HEADERS, *headers))
+
+
 async def collect(call: Call, plan: GenerationPlan, *, refusal: ApiError | None = None) -> list[Job]:
     """Run ``plan`` to the end and return its finished jobs, in choice-index order
     (raise ``refusal`` instead, if there is one: a complete response gets its status).
     Raises :class:`ResponseClosed` as soon as the client went away."""
-    if refusal is not None:
-        raise refusal
-    ctx = call.ctx
-    sink = CollectingSink(len(plan.choices))
-    jobs = build_jobs(plan, sink, request_adapter())
-    log = request_log(ctx, plan, jobs)
-    with SubmittedJobs(ctx.engine, jobs, ctx.clock, call.request.received_at, log=log):
-        call.response.on_close(sink.done.set)  # the client went away: leave (the jobs are cancelled on the way out)
-        await sink.done.wait()
-    if call.response.closed:
-        raise ResponseClosed
-    return jobs
+    return await submit_collected(call, plan, refusal=refusal).finished()

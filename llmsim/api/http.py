@@ -2,7 +2,8 @@
 
 ``protocol/`` parses bytes into an :class:`HttpRequest`, creates one
 :class:`ResponseStream` owner object per request (HTTP/1.1) or stream (HTTP/2), and
-runs ``await app.handle(request, response)`` in a task it can cancel.  The API never
+runs ``await app.handle(request, response)`` in a task it can cancel (or, natively,
+``app.start`` at once and a task only for what it leaves: :class:`StartingApplication`).  The API never
 touches sockets: it calls :meth:`ResponseStream.start`, :meth:`~ResponseStream.write`
 and :meth:`~ResponseStream.end`, all synchronous and non-blocking.  Bytes written are
 buffered on the stream; what every stream of a connection wrote during one engine step
@@ -26,7 +27,7 @@ promises written here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 import attrs
@@ -61,6 +62,7 @@ __all__ = [
     "ResponseStateFlags",
     "ResponseStream",
     "ResponseWrapper",
+    "StartingApplication",
     "error_body",
     "next_state",
     "openai_error_type",
@@ -316,6 +318,13 @@ class Application(Protocol):
     the native backend runs it in no cancel scope of its own (a cancel scope per
     request costs about as much as parsing its head).  Without it, the backend cancels
     the handler.  Either way, shutdown cancels every handler still running.
+
+    An application may also answer in two parts (:class:`StartingApplication`): a
+    synchronous ``start`` that the native backend calls in the task that read the
+    request, and the awaitable it returns for the rest, if any.  A request that needs
+    no wait (a stream the engine writes and ends) then costs no task at all: a task
+    per request, its scheduling and its wake-up cost as much as parsing an HTTP/2
+    request's head.
     """
 
     async def handle(self, request: HttpRequest, response: ResponseStream) -> None:
@@ -327,4 +336,20 @@ class Application(Protocol):
         :func:`error_body` envelope; if it raises after, the response is aborted and
         closed: the client never sees it complete (HTTP/2: RST_STREAM; HTTP/1.1: the
         connection closes mid-body).
+        """
+
+
+class StartingApplication(Application, Protocol):
+    """An :class:`Application` that answers in two parts: ``handle(request, response)``
+    is ``rest = start(request, response)``, then ``await rest`` unless it is None, then
+    a wait until the response ended or closed."""
+
+    def start(self, request: HttpRequest, response: ResponseStream) -> Awaitable[None] | None:
+        """Answer ``request`` as far as can be done without waiting, and return what is
+        left to await (None: nothing).  Called in the task that read the request, so it
+        must not wait or block; raising counts as :meth:`Application.handle` raising.
+
+        The response need not have ended when nothing is left to await: what ``start``
+        began (the engine's steps) ends it, or the client's close does.  (So the
+        backend's check for a handler that forgot to ``end`` applies to ``handle`` only.)
         """

@@ -25,13 +25,17 @@ import trio
 from llmsim.api.auth import authorized, send_unauthorized
 from llmsim.api.context import ApiContext, Call
 from llmsim.api.errors import JSON_HEADERS, ApiError, ResponseClosed
-from llmsim.api.http import HttpRequest, ResponseStream
+from llmsim.api.http import Headers, HttpRequest, ResponseStream, ResponseWrapper
 
 __all__ = ["Api", "ErrorStyle", "Handler", "Router"]
 
 log = logging.getLogger("llmsim.api")
 
-Handler = Callable[[Call], Awaitable[None]]
+#: A route's handler: an ``async def`` (the whole answer awaits), or a plain function that
+#: answers as far as it can at once and returns what is left to await (None: nothing;
+#: e.g. a stream the engine writes and ends).  Either way it is called in
+#: ``Api.start``, and what it returns is awaited in ``Api``'s rest.
+Handler = Callable[[Call], Awaitable[None] | None]
 
 # What an exact route captures (nothing), shared by all its requests.
 _NO_PARAMS: Mapping[str, str] = MappingProxyType({})
@@ -203,6 +207,11 @@ class Api:
     and the few that wait for something else (``Router.add(..., cancel_on_close=True)``)
     run here in a scope the close cancels.  So the native server runs no cancel scope
     per generating request.
+
+    It answers in two parts (``StartingApplication``): :meth:`start` checks the key,
+    routes and calls the handler, all at once; only what the handler leaves (a
+    coroutine) is awaited.  A streaming chat or completion leaves nothing: its jobs are
+    submitted and the engine's sink ends the response, so no task runs for it.
     """
 
     ends_on_close = True
@@ -212,32 +221,57 @@ class Api:
         self.router = router
 
     async def handle(self, request: HttpRequest, response: ResponseStream) -> None:
+        """:meth:`start`, the rest it leaves, then the end of the response (or its close)."""
+        watched = _EndWatch(response)
+        rest = self.start(request, watched)
+        if rest is not None:
+            await rest
+        await watched.ended_or_closed()
+
+    def start(self, request: HttpRequest, response: ResponseStream) -> Awaitable[None] | None:
         keys = self.ctx.control.api_key  # --api-key: checked before routing, as vLLM's middleware
         if keys and not authorized(request, keys):
             send_unauthorized(response)
-            return
+            return None
         try:
             resolved = self.router.resolve_request(request)
         except ApiError as error:  # 404 / 405: in the envelope of the path's family
             self._send_error(response, error, self.router.error_style_for(request.path))
-            return
+            return None
+        call = Call(self.ctx, request, response, resolved.params)
+        rest: Awaitable[None] | None
         try:
             if resolved.cancel_on_close:
-                await _cancelled_on_close(resolved.handler, Call(self.ctx, request, response, resolved.params))
+                rest = _cancelled_on_close(resolved.handler, call)
             else:
-                await resolved.handler(Call(self.ctx, request, response, resolved.params))
-        except ResponseClosed:
+                rest = resolved.handler(call)
+                if rest is None:
+                    return None
+        except Exception as error:
+            self._handler_raised(error, request, response, resolved.error_style)
+            return None
+        return self._rest(rest, request, response, resolved.error_style)
+
+    async def _rest(self, rest: Awaitable[None], request: HttpRequest, response: ResponseStream, style: str) -> None:
+        try:
+            await rest
+        except Exception as error:
+            self._handler_raised(error, request, response, style)
+
+    def _handler_raised(self, error: Exception, request: HttpRequest, response: ResponseStream, style: str) -> None:
+        """Answer what a handler raised (in its ``except`` block), or raise it again."""
+        if isinstance(error, ResponseClosed):
             return  # the client is gone: nothing to answer
-        except ApiError as error:
-            self._send_error(response, error, resolved.error_style)
-        except Exception:
-            if response.started:
-                # The head is on its way: only the protocol layer can tell the client that
-                # this body is cut short (RST_STREAM, or a close mid-body), which it does for
-                # a handler that raises.  Ending the body here would make it look complete.
-                raise
-            log.exception("unexpected error answering %s %s", request.method, request.path)
-            self._send_error(response, ApiError(500, "Internal server error"), resolved.error_style)
+        if isinstance(error, ApiError):
+            self._send_error(response, error, style)
+            return
+        if response.started:
+            # The head is on its way: only the protocol layer can tell the client that
+            # this body is cut short (RST_STREAM, or a close mid-body), which it does for
+            # a handler that raises.  Ending the body here would make it look complete.
+            raise error
+        log.exception("unexpected error answering %s %s", request.method, request.path)
+        self._send_error(response, ApiError(500, "Internal server error"), style)
 
     @staticmethod
     def _send_error(response: ResponseStream, error: ApiError, style: str) -> None:
@@ -252,8 +286,48 @@ class Api:
         response.end(body)
 
 
+class _EndWatch(ResponseWrapper):
+    """A response that tells when it ended or closed, for :meth:`Api.handle` (whose
+    stream the engine may end after the handler returned).  Only ``end`` and
+    ``on_close`` pass through it (see :class:`ResponseWrapper`): not a token's write.
+
+    ``handle`` cancelled while it waits counts as the client's leaving: the close
+    callbacks registered through it run then (the stream's sink stops, its jobs are
+    cancelled), as they would at the close."""
+
+    def __init__(self, inner: ResponseStream) -> None:
+        super().__init__(inner)
+        self._over = trio.Event()
+        self._close_callbacks: list[Callable[[], None]] = []
+        inner.on_close(self._over.set)
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        self._close_callbacks.append(callback)
+        self._inner.on_close(callback)
+
+    def end(self, data: bytes = b"", trailers: Headers = ()) -> None:
+        try:
+            self._inner.end(data, trailers)
+        finally:
+            self._over.set()
+
+    async def ended_or_closed(self) -> None:
+        # (Held no longer than this wait: a sink's callback points back at this response.)
+        callbacks, self._close_callbacks = self._close_callbacks, []
+        if self.ended or self.closed:
+            return
+        try:
+            await self._over.wait()
+        except BaseException:
+            for callback in callbacks:
+                callback()
+            raise
+
+
 async def _cancelled_on_close(handler: Handler, call: Call) -> None:
     """Run ``handler`` in a cancel scope that its response's close cancels."""
     with trio.CancelScope() as scope:
         call.response.on_close(scope.cancel)
-        await handler(call)
+        rest = handler(call)
+        if rest is not None:
+            await rest

@@ -16,13 +16,22 @@ from llmsim.api.chat.render import ChatStreamRenderer
 from llmsim.api.completions.render import CompletionStreamRenderer
 from llmsim.api.context import Call
 from llmsim.api.errors import ApiError
-from llmsim.api.generation import CollectingSink, StreamingSink, StreamRenderer, build_jobs, collect, stream
+from llmsim.api.generation import (
+    CollectingSink,
+    StreamingSink,
+    StreamRenderer,
+    SubmittedJobs,
+    build_jobs,
+    collect,
+    stream,
+    stream_to_end,
+)
 from llmsim.api.http import HttpRequest
 from llmsim.api.plan import GenerationPlan, PromptPlan
 from llmsim.api.sse import PlainTokens
 from llmsim.api.turns import TEXT, Block, TurnPlan
 from llmsim.engine.job import Job, JobState
-from tests.api.fakes import FakeResponse, post, running
+from tests.api.fakes import EngineRun, FakeResponse, make_job, post, running
 
 LATENCY = {"time_to_first_token": 0.1, "inter_token_latency": 0.01}
 
@@ -75,7 +84,7 @@ async def test_stream_sends_the_head_at_once_then_each_step(autojump_clock: Mock
     response = FakeResponse()
     async with running(**LATENCY) as sim:
         started = trio.current_time()
-        await stream(Call(sim.ctx, HttpRequest("POST", "/x"), response), plan, _Renderer(), ((b"x-id", b"1"),))
+        await stream_to_end(Call(sim.ctx, HttpRequest("POST", "/x"), response), plan, _Renderer(), ((b"x-id", b"1"),))
     assert response.status == 200
     assert response.headers == {
         b"content-type": b"text/event-stream; charset=utf-8",
@@ -107,7 +116,7 @@ async def test_leaving_early_cancels_every_unfinished_job(autojump_clock: MockCl
     response = FakeResponse()
     async with running(**LATENCY) as sim:
         with trio.move_on_after(0.105):  # the client goes away after the first token
-            await stream(Call(sim.ctx, HttpRequest("POST", "/x"), response), plan, _Renderer())
+            await stream_to_end(Call(sim.ctx, HttpRequest("POST", "/x"), response), plan, _Renderer())
         statistics = sim.engine.statistics()
     assert statistics.cancelled == 2 and statistics.running == 0 and statistics.finished == 0
     assert response.body == b"head;0:a;1:d;"
@@ -120,7 +129,7 @@ async def test_a_refusal_streams_only_the_error_and_submits_nothing(autojump_clo
     response = FakeResponse()
     refusal = ApiError(400, "no")
     async with running(**LATENCY) as sim:
-        await stream(Call(sim.ctx, HttpRequest("POST", "/x"), response), plan, _Renderer(), refusal=refusal)
+        assert stream(Call(sim.ctx, HttpRequest("POST", "/x"), response), plan, _Renderer(), refusal=refusal) is None
         with pytest.raises(ApiError) as caught:
             await collect(Call(sim.ctx, HttpRequest("POST", "/x"), FakeResponse()), plan, refusal=refusal)
         statistics = sim.engine.statistics()
@@ -239,3 +248,44 @@ def test_several_middle_tokens_in_one_call_are_what_the_renderer_makes_of_them(k
         expected.append(reference.render(job, start, stop))
     assert [data for _, data in response.writes] == expected
     assert expected[1].count(b"data: ") == 4
+
+
+class _FailingRenderer(_Renderer):
+    """Fails on choice 0's second token (a rendering bug, mid-step)."""
+
+    def render(self, job: Job, start: int, stop: int) -> bytes:
+        if job.index == 0 and start > 0:
+            raise RuntimeError("renderer bug")
+        return super().render(job, start, stop)
+
+
+@pytest.mark.parametrize(
+    ("how", "ended_at", "finished", "cancelled"),
+    [("finished", 0.12, 2, 0), ("failed", 0.11, 1, 1), ("stopped", 0.1, 1, 1)],
+)
+def test_on_end_runs_once_however_the_stream_ends_and_leaves_the_jobs(
+    how: str, ended_at: float, finished: int, cancelled: int
+) -> None:
+    """The sink calls ``on_end`` once: as its last job finished, as it failed (mid-step,
+    inside the failing job's own sink call: the engine allows the cancel there), or at
+    ``stop`` (the client's close); ``stop`` after that does nothing."""
+    run = EngineRun(**LATENCY)
+    sink = run.streaming_sink(_FailingRenderer() if how == "failed" else _Renderer(), 2)
+    jobs = [make_job(sink, ("a", "b", "c"), index=0), make_job(sink, ("d",), index=1)]
+    submitted = SubmittedJobs(run.engine, jobs, lambda: run.now)
+    submitted.submit()
+    calls: list[float] = []
+
+    def on_end() -> None:
+        calls.append(run.now)
+        submitted.leave()
+
+    sink.on_end = on_end
+    if how == "stopped":
+        run.step_to(0.1)
+        sink.stop()
+    run.run()
+    sink.stop()
+    statistics = run.engine.statistics()
+    assert calls == [pytest.approx(ended_at)] and sink.ended
+    assert (statistics.finished, statistics.cancelled, statistics.running) == (finished, cancelled, 0)

@@ -173,7 +173,7 @@ def run(
                 transcript.append((job.index, start, stop, result))
     finally:
         logging.getLogger("llmsim.api").removeHandler(logs)
-    state = (sink._ended, sink.done.is_set(), [job.index for job in sink._finished], len(sink._paused))
+    state = (sink._ended, sink.ended, [job.index for job in sink._finished], len(sink._paused))
     transcript.append((state, response.calls, logs.records, dict(sse.escape_cache)))
     return transcript, frames[0], taken
 
@@ -288,7 +288,7 @@ def test_a_write_that_raises_is_logged_once_and_fails_the_stream(on_output: OnOu
     assert logs.records == [("ERROR", f"rendering the stream of {job!r} failed", ValueError, "write failed", True)]
     assert [call[0] for call in response.calls] == ["write", "end"]
     assert b'"code":500' in response.calls[1][1]
-    assert sink._ended and sink.done.is_set()
+    assert sink._ended and sink.ended
 
 
 @TWINS
@@ -470,7 +470,7 @@ def engine_run(sink_class: type[StreamingSink], high_water: int) -> dict[float, 
 
     sink = sink_class(run_.response, chat(3), 3, resume)
     run_.submit([make_job(sink, ("a", *ESCAPES, "z"), index=index) for index in range(3)])
-    while not sink.done.is_set():
+    while not sink.ended:
         run_.run()
         run_.now += 0.05
         run_.response.deliver()

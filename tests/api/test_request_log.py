@@ -13,7 +13,7 @@ import trio.testing
 from trio.testing import MockClock
 
 from llmsim.api.context import Call
-from llmsim.api.generation import stream
+from llmsim.api.generation import stream_to_end
 from llmsim.api.http import HttpRequest
 from llmsim.api.plan import GenerationPlan, PromptPlan
 from llmsim.api.request_log import request_log
@@ -86,7 +86,7 @@ async def test_a_client_that_goes_away_logs_vllms_abort_lines(
     plan = GenerationPlan("req", (PromptPlan((1, 2, 3), 8),), (text("a", "b", "c"), text("d")), 2)
     async with running(enable_log_requests=True, time_to_first_token=0.1, inter_token_latency=0.01) as sim:
         with trio.move_on_after(0.105):  # after the first token: choice 1 finished, choice 0 did not
-            await stream(Call(sim.ctx, HttpRequest("POST", "/x"), FakeResponse()), plan, _Renderer())
+            await stream_to_end(Call(sim.ctx, HttpRequest("POST", "/x"), FakeResponse()), plan, _Renderer())
     assert lines(caplog)[3:] == [
         "Finished request 1_req: finish_reason: stop, prompt_tokens: 3, completion_tokens: 1.",
         "Aborted request(s) 0_req.",

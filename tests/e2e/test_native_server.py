@@ -42,6 +42,38 @@ async def test_health_models_and_a_streamed_chat(nursery: trio.Nursery, http1: b
     assert stats.requests_served == 3
 
 
+class SpawnedTasks(trio.abc.Instrument):
+    """The names of the tasks spawned while it is installed."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        self.names.append(task.name)
+
+
+@pytest.mark.parametrize(("http1", "http2"), [(True, False), (False, True)], ids=["http1", "http2"])
+async def test_a_streamed_chat_runs_in_no_task_of_its_own(nursery: trio.Nursery, http1: bool, http2: bool) -> None:
+    """The API answers a streaming chat in ``Api.start``, called from the connection's
+    reader (``start_handler``), and the engine's sink ends it: no task per request.  A
+    complete answer waits for its jobs in one."""
+    server = await start(nursery)
+    async with httpx.AsyncClient(http1=http1, http2=http2, base_url=server.url) as client:
+        assert (await client.get("/health")).status_code == 200  # the connection's own tasks run
+        spawned = SpawnedTasks()
+        trio.lowlevel.add_instrument(spawned)
+        try:
+            for _ in range(3):
+                async with client.stream("POST", "/v1/chat/completions", json=CHAT) as chat:
+                    events = [line async for line in chat.aiter_lines() if line.startswith("data: ")]
+                assert events[-1] == "data: [DONE]"
+            complete = await client.post("/v1/chat/completions", json={**CHAT, "stream": False, "ignore_eos": True})
+        finally:
+            trio.lowlevel.remove_instrument(spawned)
+    assert complete.json()["usage"]["completion_tokens"] == 5
+    assert [name for name in spawned.names if name.startswith("llmsim.")] == ["llmsim.protocol.native.stream._run_rest"]
+
+
 async def test_curl_over_tls_negotiates_h2(nursery: trio.Nursery) -> None:
     server = await start(nursery, self_signed_certs=True)
     result = await trio.run_process(

@@ -410,6 +410,7 @@ class RecordingTransport:
     congested: bool = False
     calls: list[str] = attrs.field(factory=list)
     spawned: list[tuple[Any, ...]] = attrs.field(factory=list)
+    spawned_functions: list[Callable[..., Awaitable[Any]]] = attrs.field(factory=list)  # of each in spawned
     fail_wake: bool = False
 
     def wake_writer(self) -> None:
@@ -420,6 +421,7 @@ class RecordingTransport:
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         self.calls.append("spawn")
         self.spawned.append(args)
+        self.spawned_functions.append(fn)
 
     def set_read_deadline(self, deadline: float) -> None:
         pass

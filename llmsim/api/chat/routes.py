@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -19,9 +20,15 @@ from llmsim.api.chat.request import (
 )
 from llmsim.api.chat.tools import plan_choices, tool_specs
 from llmsim.api.context import ApiContext, Call
-from llmsim.api.errors import JSON_HEADERS
 from llmsim.api.failures import check_injected_failure
-from llmsim.api.generation import RequestIdentity, check_job_count, check_output_volume, collect, stream
+from llmsim.api.generation import (
+    RequestIdentity,
+    check_job_count,
+    check_output_volume,
+    respond_collected,
+    stream,
+    submit_collected,
+)
 from llmsim.api.logprobs_format import ChatLogprobs, choice_seed
 from llmsim.api.logprobs_limit import checked_logprobs
 from llmsim.api.media import media_readers
@@ -117,7 +124,9 @@ class _ChatShape:
         )
 
 
-async def chat_completions(call: Call) -> None:
+def chat_completions(call: Call) -> Awaitable[None] | None:
+    """A chat completion, answered synchronously up to its submitted jobs (the router's
+    ``Handler``): a stream needs nothing more; a complete response returns what waits."""
     ctx = call.ctx
     parsed = call.parsed(_chat_body)
     request = parsed.request
@@ -204,15 +213,15 @@ async def chat_completions(call: Call) -> None:
         # Not held while the stream runs (memory per stream): the request, a dict class
         # of more fields than CPython shares keys for, takes ~1.6 KB.
         del request, parsed
-        await stream(call, plan, renderer, identity.headers, refusal=refusal)
-        return
+        stream(call, plan, renderer, identity.headers, refusal=refusal)
+        return None
     ec_params = chat_ec_transfer_params(ctx, media_items)
-    jobs = await collect(call, plan, refusal=refusal)
-    body = chat_completion_body(
+    pending = submit_collected(call, plan, refusal=refusal)
+    body = partial(
+        chat_completion_body,
         response_id=identity.response_id,
         created=created,
         model=model,
-        jobs=jobs,
         echo=echo,
         tool_calls=tool_calls,
         logprobs=logprobs,
@@ -223,7 +232,7 @@ async def chat_completions(call: Call) -> None:
         kv_transfer_params=transfer.response_params(),
         ec_transfer_params=ec_params,
     )
-    call.respond(200, body, (*JSON_HEADERS, *identity.headers))
+    return respond_collected(call, pending, body, identity.headers)
 
 
 def _plan_turns(

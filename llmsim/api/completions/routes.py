@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
+from functools import partial
 from typing import Any
 
 import attrs
@@ -11,9 +12,16 @@ import attrs
 from llmsim.api.completions.render import CompletionStreamRenderer, completion_body
 from llmsim.api.completions.request import CompletionRequest, check_suffix, parse_completion_request
 from llmsim.api.context import ApiContext, Call
-from llmsim.api.errors import JSON_HEADERS, ApiError
+from llmsim.api.errors import ApiError
 from llmsim.api.failures import check_injected_failure
-from llmsim.api.generation import RequestIdentity, check_job_count, check_output_volume, collect, stream
+from llmsim.api.generation import (
+    RequestIdentity,
+    check_job_count,
+    check_output_volume,
+    respond_collected,
+    stream,
+    submit_collected,
+)
 from llmsim.api.logprobs_format import CompletionLogprobs, EchoedPrompt, choice_seed
 from llmsim.api.logprobs_limit import checked_logprobs
 from llmsim.api.plan import GenerationPlan, GenerationShape, PromptPlan, StructuredOutput, output_cap, plan_text_choices
@@ -80,7 +88,9 @@ class _CompletionShape:
         )
 
 
-async def completions(call: Call) -> None:
+def completions(call: Call) -> Awaitable[None] | None:
+    """A completion, answered synchronously up to its submitted jobs (the router's
+    ``Handler``): a stream needs nothing more; a complete response returns what waits."""
     ctx = call.ctx
     parsed = call.parsed(_completion_body)
     request = parsed.request
@@ -150,14 +160,14 @@ async def completions(call: Call) -> None:
             usage_style=usage,
             stop_reasons=reasons,
         )
-        await stream(call, plan, renderer, identity.headers, refusal=refusal)
-        return
-    jobs = await collect(call, plan, refusal=refusal)
-    body = completion_body(
+        stream(call, plan, renderer, identity.headers, refusal=refusal)
+        return None
+    pending = submit_collected(call, plan, refusal=refusal)
+    body = partial(
+        completion_body,
         response_id=identity.response_id,
         created=created,
         model=model,
-        jobs=jobs,
         choices_per_prompt=n,
         echo_prompts=echo_prompts,
         prompt_only=shape.prompt_only,
@@ -167,7 +177,7 @@ async def completions(call: Call) -> None:
         stop_reasons=reasons,
         kv_transfer_params=transfer.response_params(),
     )
-    call.respond(200, body, (*JSON_HEADERS, *identity.headers))
+    return respond_collected(call, pending, body, identity.headers)
 
 
 def _checked_caps(

@@ -92,7 +92,7 @@ async def generate(call: Call) -> None:
             include_usage=include_usage,
             continuous_usage=include_usage and bool(options and options.continuous_usage_stats),
         )
-        await stream(call, plan, renderer, identity.headers, refusal=refusal)
+        stream(call, plan, renderer, identity.headers, refusal=refusal)
         return
     jobs = await collect(call, plan, refusal=refusal)
     body = generate_body(

@@ -28,8 +28,14 @@ from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from llmsim.api.context import ApiContext, Call
 from llmsim.api.errors import ApiError, validation_error
 from llmsim.api.failures import check_injected_failure
-from llmsim.api.generation import CollectingSink, SubmittedJobs, build_jobs, check_job_count, check_output_volume
-from llmsim.api.generation import stream as stream_plan
+from llmsim.api.generation import (
+    CollectingSink,
+    SubmittedJobs,
+    build_jobs,
+    check_job_count,
+    check_output_volume,
+    stream_to_end,
+)
 from llmsim.api.grpc.response import GrpcResponse
 from llmsim.api.grpc.wire import GrpcError, StatusCode, frame, status_for_http
 from llmsim.api.plan import (
@@ -226,7 +232,7 @@ class GenerateCall:
         stop_reasons = [turn.stop_reason for turn in plan.choices]
         if request.stream:
             self._renderer = GenerateStreamRenderer(self._response, stop_reasons)
-            await stream_plan(Call(call.ctx, call.request, self._response), plan, self._renderer)
+            await stream_to_end(Call(call.ctx, call.request, self._response), plan, self._renderer)
             return
         ctx = call.ctx
         sink = CollectingSink(len(plan.choices))

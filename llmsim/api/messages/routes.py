@@ -91,7 +91,7 @@ async def create_message(call: Call) -> None:
         request_id, PromptPlan(prompt, cap, cache_hit_threshold=threshold, kv_multimodal=media), plan
     )
     if request.streaming:
-        await stream(call, generation, MessagesStreamRenderer(shell=shell, plan=plan), identity.headers)
+        stream(call, generation, MessagesStreamRenderer(shell=shell, plan=plan), identity.headers)
         return
     [job] = await collect(call, generation)
     call.respond(200, message_body(shell, plan, job), (*JSON_HEADERS, *identity.headers))

@@ -19,7 +19,7 @@ from typing import Any
 from llmsim.api.context import ApiContext, Call, seeded_random
 from llmsim.api.errors import JSON_HEADERS, ApiError, validation_error
 from llmsim.api.failures import check_injected_failure
-from llmsim.api.generation import RequestIdentity, check_job_count, check_output_volume, collect, stream
+from llmsim.api.generation import RequestIdentity, check_job_count, check_output_volume, collect, stream_to_end
 from llmsim.api.logprobs_format import choice_seed
 from llmsim.api.logprobs_limit import checked_logprobs
 from llmsim.api.media import media_readers
@@ -153,7 +153,7 @@ async def create_response(call: Call) -> None:
     )
     if request.streaming:
         renderer = ResponsesStreamRenderer(shell=shell, plan=plan, ids=ids, logprobs=logprobs)
-        await stream(call, generation, renderer, identity.headers)
+        await stream_to_end(call, generation, renderer, identity.headers)  # (it is stored once it ended)
         final = renderer.final
         if final is None:
             return

@@ -22,7 +22,7 @@ from llmsim.protocol.native.frames import chunk, h11_sends_chunked, last_chunk
 from llmsim.protocol.native.http1_fastpath import chunked_head, parse_whole_request
 from llmsim.protocol.native.http2 import UPGRADE_ERRORS, Http2Handler
 from llmsim.protocol.native.native_h1 import Http1Response, install_write
-from llmsim.protocol.native.stream import content_length, run_handler, split_target
+from llmsim.protocol.native.stream import content_length, split_target, start_handler
 
 __all__ = ["PURE_WRITE", "Http1Handler", "Http1Response"]
 
@@ -150,7 +150,7 @@ class Http1Handler:
         self._head_deadline = None
         stream = self._open_response()
         stream.bypassed = True
-        self._t.spawn(run_handler, self._t.app, request, stream, settings.faults)
+        start_handler(self._t.spawn, self._t.app, request, stream, settings.faults)
         return True
 
     def _catch_up(self) -> None:
@@ -223,7 +223,7 @@ class Http1Handler:
         if _wants_h2c(head, body) and self._t.scheme == "http" and self._upgrade(head, request):
             return
         stream = self._open_response(head_only=request.method == "HEAD")
-        self._t.spawn(run_handler, self._t.app, request, stream, self._t.settings.faults)
+        start_handler(self._t.spawn, self._t.app, request, stream, self._t.settings.faults)
 
     def _upgrade(self, head: h11.Request, request: HttpRequest) -> bool:
         """Switch to HTTP/2 with ``request`` as stream 1; False (serve it here) if the

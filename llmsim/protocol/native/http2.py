@@ -23,7 +23,7 @@ from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 from h2.stream import StreamState
 
-from llmsim.api.http import CLOSED_STATES, NOT_STARTED_STATES, HttpRequest, ResponseEvent, ResponseState, next_state
+from llmsim.api.http import NOT_STARTED_STATES, HttpRequest, ResponseEvent, ResponseState, next_state
 from llmsim.protocol.native import h2_faults
 from llmsim.protocol.native.base import HandlerPhase, Transport
 from llmsim.protocol.native.frames import goaway_frame
@@ -32,7 +32,7 @@ from llmsim.protocol.native.h2_guard import FrameGuard, StreamClock
 from llmsim.protocol.native.h2_headers import request_head, response_headers, with_body
 from llmsim.protocol.native.h2_output import Http2Output
 from llmsim.protocol.native.h2_stream import Http2Stream
-from llmsim.protocol.native.stream import content_length, run_handler
+from llmsim.protocol.native.stream import content_length, start_handler
 from llmsim.speedups import installer
 
 __all__ = ["PURE_WRITE", "UPGRADE_ERRORS", "Http2Handler", "Http2Stream"]
@@ -296,8 +296,7 @@ class Http2Handler(Http2Output):
         transport = self._t
         spawn, app, faults = transport.spawn, transport.app, transport.settings.faults
         for stream, request in starting:
-            if stream.state not in CLOSED_STATES:
-                spawn(run_handler, app, request, stream, faults)
+            start_handler(spawn, app, request, stream, faults)
 
     def _refuse_body(self, stream: Http2Stream) -> None:
         limit = self._t.settings.max_body_bytes

@@ -16,7 +16,7 @@ remains anywhere else.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol, Self, TypeVar
 
 import attrs
@@ -27,7 +27,7 @@ from llmsim.protocol.native.faulty import FaultInjection, run_with_faults
 from llmsim.protocol.native.handling import fail_if_unended, handler_failed
 from llmsim.protocol.response import BufferedResponse, StreamHost
 
-__all__ = ["NativeHost", "OutboundStream", "content_length", "run_handler", "split_target"]
+__all__ = ["NativeHost", "OutboundStream", "content_length", "run_handler", "split_target", "start_handler"]
 
 # A handler that returned has usually ended its response (ENDED) or had it sent (DONE).
 _ENDED, _DONE = ResponseState.ENDED, ResponseState.DONE
@@ -115,6 +115,53 @@ class OutboundStream(BufferedResponse):
             self.host.fail(self)
 
 
+def start_handler(
+    spawn: Callable[..., object],
+    app: Application,
+    request: HttpRequest,
+    stream: OutboundStream,
+    faults: FaultInjection | None,
+) -> None:
+    """Answer ``request`` on ``stream``, from the task that read it.
+
+    An application that answers in two parts (``StartingApplication``) has its
+    ``start`` called here and now, and only what that leaves to await runs in a task
+    (``spawn``): a streaming request then costs no task at all.  Any other application,
+    and every request with faults, runs in a task of its own (:func:`run_handler`).  A
+    request whose stream was reset before it got here never reaches the application."""
+    if stream.state in CLOSED_STATES:
+        return
+    start = getattr(app, "start", None)
+    if start is None or _fault_header(request, faults) is not None:
+        spawn(run_handler, app, request, stream, faults)
+        return
+    try:
+        rest = start(request, stream)
+    except Exception:
+        handler_failed(request, stream)
+        return
+    if rest is not None:
+        spawn(_run_rest, app, request, stream, rest)
+
+
+async def _run_rest(app: Application, request: HttpRequest, stream: OutboundStream, rest: Awaitable[None]) -> None:
+    """What ``app.start`` left for ``request``, in a task (see :func:`run_handler` on the scope)."""
+    with _NO_SCOPE if getattr(app, "ends_on_close", False) else stream.cancel_scope:
+        try:
+            await rest
+        except Exception:
+            handler_failed(request, stream)
+
+
+def _fault_header(request: HttpRequest, faults: FaultInjection | None) -> bytes | None:
+    """The faults ``request`` runs with: its ``x-llmsim-fault`` header, else those
+    ``faults`` picks for ``--fault``, else None."""
+    for name, value in request.headers:  # (a loop: a generator costs more, per request)
+        if name == FAULT_HEADER:
+            return value
+    return faults.global_faults(request) if faults is not None else None
+
+
 async def run_handler(
     app: Application, request: HttpRequest, stream: OutboundStream, faults: FaultInjection | None = None
 ) -> None:
@@ -126,13 +173,7 @@ async def run_handler(
     checkpoint: parsing, tokenizing, planning and queueing, for a client long gone)."""
     if stream.state in CLOSED_STATES:  # (state.closed, without the property's call)
         return
-    header = None
-    for name, value in request.headers:  # (a loop: a generator costs more, per request)
-        if name == FAULT_HEADER:
-            header = value
-            break
-    if header is None and faults is not None:
-        header = faults.global_faults(request)
+    header = _fault_header(request, faults)
     if header is not None:
         await run_with_faults(app, request, stream, header, faults)
         return

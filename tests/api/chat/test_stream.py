@@ -86,7 +86,7 @@ def stream(
     jobs = [make_job(sink, pieces, reason, index=i) for i, (pieces, reason) in enumerate(outputs)]
     run.submit(jobs)
     run.run()
-    assert sink.done.is_set()
+    assert sink.ended
     return run, jobs
 
 
@@ -278,7 +278,7 @@ def test_a_failure_after_the_stream_began_is_reported_in_band() -> None:
     job = make_job(sink, ("a", "b", "c"))
     run.submit([job])
     run.run()  # the engine task survives the broken renderer
-    assert sink.done.is_set()
+    assert sink.ended
     assert run.response.ended
     # chat yields the ErrorResponse, dumped compact like its chunks
     # (vllm/entrypoints/openai/chat_completion/serving.py:496-497,951-953)

@@ -74,7 +74,7 @@ def stream(
     ]
     run.submit(jobs)
     run.run()
-    assert sink.done.is_set() and run.response.ended
+    assert sink.ended and run.response.ended
     return run, jobs
 
 

@@ -33,7 +33,7 @@ def run_stream(plan: TurnPlan, shell: MessageShell = SHELL) -> tuple[EngineRun, 
     run.submit([job])
     assert renderer.head() == b""
     run.run()
-    assert sink.done.is_set() and run.response.ended
+    assert sink.ended and run.response.ended
     return run, job
 
 

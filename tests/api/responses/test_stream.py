@@ -63,7 +63,7 @@ def run_stream(
     run.submit([job])
     run.response.write(renderer.head())
     run.run()
-    assert sink.done.is_set() and run.response.ended
+    assert sink.ended and run.response.ended
     return run, renderer, sink
 
 
@@ -256,7 +256,7 @@ def test_in_band_error_event_ends_the_stream() -> None:
     run.response.write(renderer.head())
     run.step_to(0.1)
     sink.fail(ApiError(503, "Service unavailable"))
-    assert run.response.ended and sink.done.is_set()
+    assert run.response.ended and sink.ended
     assert run.response.writes[-1][1] == (
         b'event: error\ndata: {"type":"error","code":"InternalServerError","message":"Service unavailable",'
         b'"param":null,"sequence_number":5}\n\n'
