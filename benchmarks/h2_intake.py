@@ -4,13 +4,13 @@ An :class:`~llmsim.protocol.native.http2.Http2Handler` on a fake transport (no s
 no engine) is fed the client bytes of h2load-like requests, 100 per read: a HEADERS
 frame with h2load's own header block (captured from ``h2load`` 1.52: ``:path`` and
 ``content-length`` as literals without indexing, the rest indexed from the second
-request on) and a 154-byte DATA frame with END_STREAM.  Each request's handler task
-answers as a one-token streaming chat does: ``start(200)``, five SSE events, ``end()``;
+request on) and a 154-byte DATA frame with END_STREAM.  Each request is
+answered as a one-token streaming chat is: ``start(200)``, five SSE events, ``end()``;
 then the handler's ``outgoing()`` and ``flushed()`` run once per read.  So what is
 measured is the protocol side of a request, from its bytes arriving to its stream
 being forgotten: frame parsing, HPACK, h2's stream state, the request head, the
-handler task, the response head and frames (a toy application's work is in it too,
-but small).
+handler task where the server still makes one (``ChatApp``), the response head and
+frames (a toy application's work is in it too, but small).
 
 Usage::
 
@@ -80,16 +80,22 @@ def request_bytes(stream_id: int) -> bytes:
 
 
 class ChatApp:
-    """Answers every request as a one-token streaming chat does."""
+    """Answers every request as a one-token streaming chat does, in ``start`` (a
+    ``StartingApplication``, as llmsim's ``Api``: a native server that has
+    ``start_handler`` calls it from the reader, with no task; an older one runs
+    ``handle`` in a task per request)."""
 
     served = 0
 
-    async def handle(self, request: HttpRequest, response: ResponseStream) -> None:
+    def start(self, request: HttpRequest, response: ResponseStream) -> None:
         response.start(200, _SSE)
         for event in _EVENTS:
             response.write(event)
         response.end()
         self.served += 1
+
+    async def handle(self, request: HttpRequest, response: ResponseStream) -> None:
+        self.start(request, response)
 
 
 def client_reads(requests: int) -> list[bytes]:

@@ -431,7 +431,7 @@ def _print(rows: list[dict[str, Any]], split: list[dict[str, Any]], intake: list
         [[s["server"], s["load"], s["us_per_token"], s["us_per_request"]] for s in split],
     )
     print_table(
-        "request intake in process (Api.handle to Engine.submit, GC included; no protocol layer:"
+        "request intake in process (application entry to Engine.submit, GC included; no protocol layer:"
         f" the goal <= {INTAKE_GOAL_US:g} µs includes it) and memory per in-flight stream (tracemalloc)",
         ["server", "max_tokens", "intake µs mean", "median", "KB/stream", "goal KB"],
         [

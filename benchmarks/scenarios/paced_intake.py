@@ -1,18 +1,19 @@
-"""Request intake in process: CPU from ``Api.handle`` to the job submitted, and memory per
-in-flight stream (part of the ``paced_cost`` scenario).
+"""Request intake in process: CPU from the application's entry to the job submitted, and
+memory per in-flight stream (part of the ``paced_cost`` scenario).
 
 A :class:`~llmsim.app.Simulator` answers streaming chat requests handed straight to its
-``app.handle`` with a response stream that drops what it is given, so no protocol layer is
-involved (HTTP parsing, HPACK and the connection's buffers are *not* in these figures).
-The engine task does not run: every request stays submitted and unfinished, as a stream
-waiting for its first token does.
+application, as the native server hands them (``app.start``, called in the reader's task,
+where the application has it; else ``app.handle`` in a task of its own), with a response
+stream that drops what it is given, so no protocol layer is involved (HTTP parsing, HPACK
+and the connection's buffers are *not* in these figures).  The engine task does not run:
+every request stays submitted and unfinished, as a stream waiting for its first token does.
 
 * **CPU**: ``time.process_time()`` (this process, garbage collection included) from the
-  entry of ``handle`` to the return of the request's first ``Engine.submit``, one request
+  application's entry to the return of the request's first ``Engine.submit``, one request
   at a time, each left in flight; the first :data:`WARMUP` requests are not counted.
 * **Memory**: ``tracemalloc``'s traced bytes with N requests in flight minus before them
   (after a full collection), per request: the request, its plan and planned output, its
-  job, the handler's task and the dropping response stream.
+  job, the handler's task if it has one, and the dropping response stream.
 
 This module imports only llmsim and the standard library, so that the scenario can run it
 by path against another llmsim checkout (``PYTHONPATH=DIR``, ``PYTHONSAFEPATH=1``)::
@@ -117,6 +118,7 @@ async def _intake(max_tokens: int, requests: int, warmup: int, traced: bool) -> 
         await app.handle(raw, DropResponse())
         arrived.set()  # answered without streaming: an error response
 
+    start = getattr(app, "start", None)  # (an llmsim older than Api.start has none)
     async with trio.open_nursery() as nursery:
         for index in range(warmup + requests):
             if index == warmup and traced:
@@ -124,8 +126,13 @@ async def _intake(max_tokens: int, requests: int, warmup: int, traced: bool) -> 
                 memory_before = tracemalloc.get_traced_memory()[0]
             arrived = trio.Event()
             mark = len(submitted)
-            nursery.start_soon(one, request(max_tokens))
-            await arrived.wait()
+            if start is not None:
+                costs.append(-time.process_time())
+                if start(request(max_tokens), DropResponse()) is not None:
+                    raise RuntimeError("a streaming chat left something to await")
+            else:
+                nursery.start_soon(one, request(max_tokens))
+                await arrived.wait()
             if len(submitted) == mark:
                 raise RuntimeError(f"the simulator refused the request (max_tokens {max_tokens})")
             costs[-1] += submitted[mark]
