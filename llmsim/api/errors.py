@@ -48,7 +48,7 @@ def anthropic_error_type(status: int) -> str:
 
 class ResponseClosed(Exception):
     """The client went away before the response was made: there is nothing to answer.
-    (``generation.collect`` raises it; ``Api.handle`` lets the handler end quietly.)"""
+    (``generation.PendingJobs.finished`` raises it; ``Api`` lets the handler end quietly.)"""
 
 
 class ApiError(Exception):

@@ -16,13 +16,14 @@ the engine task drives the jobs and calls their sink:
   error event.  Nothing waits: ``stream`` returns once the jobs are submitted and the
   head is written, and the sink ends the response (so a handler that only streams
   needs no task: see ``Application.start`` in :mod:`llmsim.api.http`).
-* :func:`collect` — a :class:`CollectingSink` only notices when the last job finished;
-  the handler waits for that and renders the complete body from the finished jobs.
+* :func:`submit_collected` — a :class:`CollectingSink` only notices when the last job
+  finished; the handler waits for that (:meth:`PendingJobs.finished`) and renders the
+  complete body from the finished jobs.
 
 However the request ends — its last job finished, the stream failed, the client went
 away — leaving ``SubmittedJobs`` cancels every unfinished job in the engine at once,
 freeing their slots (:meth:`SubmittedJobs.leave`: the sink's end and the response's
-close call it for a stream; the end of the ``with`` block for ``collect``).
+close call it for a stream; the end of the wait for a complete answer).
 """
 
 from __future__ import annotations
@@ -59,7 +60,6 @@ __all__ = [
     "build_jobs",
     "check_job_count",
     "check_output_volume",
-    "collect",
     "queue_full_error",
     "respond_collected",
     "stream",
@@ -352,7 +352,10 @@ class StreamingSink:
         self._paused = []
         on_end, self.on_end = self.on_end, None
         if on_end is not None:
-            on_end()
+            try:
+                on_end()
+            except Exception:  # (called from the engine's step: never let it escape there)
+                log.exception("ending the request of a stream failed")
 
     def _finish(self, job: Job, data: bytes) -> None:
         self._finished.append(job)
@@ -595,10 +598,3 @@ async def respond_collected(call: Call, pending: PendingJobs, body: Callable[...
     then answer 200 with ``body(jobs=...)`` as JSON (and ``headers``)."""
     jobs = await pending.finished()
     call.respond(200, body(jobs=jobs), (*JSON_HEADERS, *headers))
-
-
-async def collect(call: Call, plan: GenerationPlan, *, refusal: ApiError | None = None) -> list[Job]:
-    """Run ``plan`` to the end and return its finished jobs, in choice-index order
-    (raise ``refusal`` instead, if there is one: a complete response gets its status).
-    Raises :class:`ResponseClosed` as soon as the client went away."""
-    return await submit_collected(call, plan, refusal=refusal).finished()

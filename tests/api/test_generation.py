@@ -22,9 +22,9 @@ from llmsim.api.generation import (
     StreamRenderer,
     SubmittedJobs,
     build_jobs,
-    collect,
     stream,
     stream_to_end,
+    submit_collected,
 )
 from llmsim.api.http import HttpRequest
 from llmsim.api.plan import GenerationPlan, PromptPlan
@@ -102,7 +102,7 @@ async def test_stream_sends_the_head_at_once_then_each_step(autojump_clock: Mock
 async def test_collect_returns_the_finished_jobs_in_choice_order(autojump_clock: MockClock) -> None:
     plan = GenerationPlan("req", (PromptPlan((1, 2, 3), 8),), (text("a", "b", "c"), text("d")), choices_per_prompt=2)
     async with running(**LATENCY) as sim:
-        jobs = await collect(Call(sim.ctx, HttpRequest("POST", "/x"), FakeResponse()), plan)
+        jobs = await submit_collected(Call(sim.ctx, HttpRequest("POST", "/x"), FakeResponse()), plan).finished()
         statistics = sim.engine.statistics()
     assert [(job.index, job.state, job.emitted) for job in jobs] == [
         (0, JobState.FINISHED, 3),
@@ -131,7 +131,7 @@ async def test_a_refusal_streams_only_the_error_and_submits_nothing(autojump_clo
     async with running(**LATENCY) as sim:
         assert stream(Call(sim.ctx, HttpRequest("POST", "/x"), response), plan, _Renderer(), refusal=refusal) is None
         with pytest.raises(ApiError) as caught:
-            await collect(Call(sim.ctx, HttpRequest("POST", "/x"), FakeResponse()), plan, refusal=refusal)
+            submit_collected(Call(sim.ctx, HttpRequest("POST", "/x"), FakeResponse()), plan, refusal=refusal)
         statistics = sim.engine.statistics()
     assert (response.status, response.body, response.ended) == (200, b"head;error(400)", True)
     assert caught.value is refusal

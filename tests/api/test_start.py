@@ -13,13 +13,19 @@ import trio
 from trio.testing import MockClock
 
 from llmsim.api.http import HttpRequest
-from tests.api.fakes import FakeResponse, running, sse_payloads
+from tests.api.fakes import FakeResponse, running
 
 LATENCY = {"time_to_first_token": 0.1, "inter_token_latency": 0.01}
 HELLO = [{"role": "user", "content": "Hello there"}]
 STREAMS = [
     ("/v1/chat/completions", {"messages": HELLO, "max_tokens": 5, "ignore_eos": True, "stream": True}),
     ("/v1/completions", {"prompt": "Hi", "max_tokens": 5, "ignore_eos": True, "stream": True}),
+]
+#: Every generating endpoint's stream (``/inference/v1/generate`` has its own tests: it needs scale-out flags).
+EVERY_STREAM = [
+    *STREAMS,
+    ("/v1/messages", {"model": "llmsim/sim-model", "messages": HELLO, "max_tokens": 5, "stream": True}),
+    ("/v1/responses", {"input": "Hi", "max_output_tokens": 5, "stream": True}),
 ]
 
 
@@ -28,7 +34,7 @@ def request(path: str, body: object, method: str = "POST") -> HttpRequest:
     return HttpRequest(method, path, headers=((b"content-type", b"application/json"),), body=raw)
 
 
-@pytest.mark.parametrize(("path", "body"), STREAMS, ids=["chat", "completions"])
+@pytest.mark.parametrize(("path", "body"), EVERY_STREAM, ids=["chat", "completions", "messages", "responses"])
 async def test_a_stream_is_started_at_once_and_ended_by_the_engine(
     autojump_clock: MockClock, path: str, body: dict[str, Any]
 ) -> None:
@@ -39,8 +45,31 @@ async def test_a_stream_is_started_at_once_and_ended_by_the_engine(
         assert (sim.engine.statistics().running, response.status, response.ended) == (1, 200, False)
         await trio.sleep(1)
         statistics = sim.engine.statistics()
-    assert response.ended and sse_payloads(response.body)[-1] == "[DONE]"
+    assert response.ended and response.body.endswith(b"\n\n")
     assert (statistics.running, statistics.finished, statistics.cancelled) == (0, 1, 0)
+
+
+async def test_a_streamed_response_is_stored_as_it_ends(autojump_clock: MockClock) -> None:
+    """The Responses API stores a stream once it is complete (from the sink's end), with
+    no task waiting for it; one whose client left is not stored."""
+    path, body = EVERY_STREAM[3]
+    whole, cut = FakeResponse(), FakeResponse()
+    async with running(**LATENCY) as sim:
+        assert sim.app.start(request(path, {**body, "store": True}), whole) is None
+        assert sim.app.start(request(path, {**body, "store": True, "max_output_tokens": 500}), cut) is None
+        await trio.sleep(0.12)
+        cut.disconnect()
+        await trio.sleep(1)
+        stored, ids = [FakeResponse(), FakeResponse()], []
+        for response, fetched in zip((whole, cut), stored, strict=True):
+            created = orjson.loads(response.body.split(b"data: ", 2)[1].split(b"\n", 1)[0])
+            ids.append(created["response"]["id"])
+            rest = sim.app.start(request(f"/v1/responses/{ids[-1]}", None, method="GET"), fetched)
+            if rest is not None:
+                await rest
+    assert whole.ended and not cut.ended
+    assert stored[0].status == 200 and stored[0].json()["id"] == ids[0]
+    assert stored[1].status == 404
 
 
 @pytest.mark.parametrize(("path", "body"), STREAMS, ids=["chat", "completions"])

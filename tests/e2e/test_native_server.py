@@ -54,9 +54,9 @@ class SpawnedTasks(trio.abc.Instrument):
 
 @pytest.mark.parametrize(("http1", "http2"), [(True, False), (False, True)], ids=["http1", "http2"])
 async def test_a_streamed_chat_runs_in_no_task_of_its_own(nursery: trio.Nursery, http1: bool, http2: bool) -> None:
-    """The API answers a streaming chat in ``Api.start``, called from the connection's
-    reader (``start_handler``), and the engine's sink ends it: no task per request.  A
-    complete answer waits for its jobs in one."""
+    """The API answers a streaming chat (or message) in ``Api.start``, called from the
+    connection's reader (``start_handler``), and the engine's sink ends it: no task per
+    request.  A complete answer waits for its jobs in one."""
     server = await start(nursery)
     async with httpx.AsyncClient(http1=http1, http2=http2, base_url=server.url) as client:
         assert (await client.get("/health")).status_code == 200  # the connection's own tasks run
@@ -67,6 +67,10 @@ async def test_a_streamed_chat_runs_in_no_task_of_its_own(nursery: trio.Nursery,
                 async with client.stream("POST", "/v1/chat/completions", json=CHAT) as chat:
                     events = [line async for line in chat.aiter_lines() if line.startswith("data: ")]
                 assert events[-1] == "data: [DONE]"
+            message = {"model": "sim-model", "messages": CHAT["messages"], "max_tokens": 5, "stream": True}
+            async with client.stream("POST", "/v1/messages", json=message) as anthropic:
+                lines = [line async for line in anthropic.aiter_lines() if line.startswith("event: ")]
+            assert lines[-1] == "event: message_stop"
             complete = await client.post("/v1/chat/completions", json={**CHAT, "stream": False, "ignore_eos": True})
         finally:
             trio.lowlevel.remove_instrument(spawned)

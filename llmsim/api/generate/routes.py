@@ -3,7 +3,7 @@
 
 The prompt is the request's ``token_ids``, never tokenized; the answer is planned and
 paced by the same flow as chat and completions (:func:`~llmsim.api.plan.plan_text_choices`,
-:func:`~llmsim.api.generation.stream` / :func:`~llmsim.api.generation.collect`), seeded
+:func:`~llmsim.api.generation.stream` / :func:`~llmsim.api.generation.submit_collected`), seeded
 by the request id, so a chat request rendered by ``/v1/chat/completions/render`` and
 generated here under the same ``X-Request-Id`` gets the token ids chat would have sent.
 
@@ -23,13 +23,24 @@ reads no header for it.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from functools import partial
+
 from llmsim.api.context import ApiContext, Call
 from llmsim.api.errors import JSON_HEADERS, ApiError
 from llmsim.api.failures import check_injected_failure
 from llmsim.api.generate.logprobs import GenerateLogprobs
 from llmsim.api.generate.render import GenerateShape, GenerateStreamRenderer, generate_body
 from llmsim.api.generate.request import GenerateRequest, parse_generate_request
-from llmsim.api.generation import RequestIdentity, check_job_count, check_output_volume, collect, stream
+from llmsim.api.generation import (
+    PendingJobs,
+    RequestIdentity,
+    check_job_count,
+    check_output_volume,
+    stream,
+    submit_collected,
+)
+from llmsim.api.http import Headers
 from llmsim.api.logprobs_limit import checked_logprobs
 from llmsim.api.plan import GenerationPlan, PromptPlan, output_cap, plan_text_choices
 from llmsim.api.prompts import check_prompt_length
@@ -44,7 +55,9 @@ from llmsim.engine.kv_hashing import MultimodalItem
 __all__ = ["generate", "register"]
 
 
-async def generate(call: Call) -> None:
+def generate(call: Call) -> Awaitable[None] | None:
+    """A generate request, answered synchronously up to its submitted jobs (the router's
+    ``Handler``): a stream needs nothing more; a complete answer returns what waits."""
     ctx = call.ctx
     require_scale_out(ctx)
     request = parse_generate_request(call.json(), ctx.tokenizer.vocab_size)
@@ -93,18 +106,22 @@ async def generate(call: Call) -> None:
             continuous_usage=include_usage and bool(options and options.continuous_usage_stats),
         )
         stream(call, plan, renderer, identity.headers, refusal=refusal)
-        return
-    jobs = await collect(call, plan, refusal=refusal)
-    body = generate_body(
+        return None
+    pending = submit_collected(call, plan, refusal=refusal)
+    body = partial(
+        generate_body,
         shape,
         model=model,
-        created=int(ctx.wall_clock()),
-        jobs=jobs,
         kv_transfer_params=transfer.response_params(),
         # an encoder pod's, per mm hash of the request's features (generate.go:86-89)
         ec_transfer_params=ec_transfer_params(ctx, _mm_hashes(request)),
     )
-    call.respond(200, body, (*JSON_HEADERS, *identity.headers))
+    return _respond(call, pending, body, identity.headers)
+
+
+async def _respond(call: Call, pending: PendingJobs, body: Callable[..., bytes], headers: Headers) -> None:
+    jobs = await pending.finished()
+    call.respond(200, body(created=int(call.ctx.wall_clock()), jobs=jobs), (*JSON_HEADERS, *headers))
 
 
 def _check_serving_rules(request: GenerateRequest, max_num_seqs: int) -> None:

@@ -9,10 +9,20 @@ Errors on these routes use Anthropic's envelope.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 from llmsim.api.context import Call
 from llmsim.api.errors import JSON_HEADERS
 from llmsim.api.failures import check_injected_failure
-from llmsim.api.generation import RequestIdentity, check_job_count, check_output_volume, collect, stream
+from llmsim.api.generation import (
+    PendingJobs,
+    RequestIdentity,
+    check_job_count,
+    check_output_volume,
+    stream,
+    submit_collected,
+)
+from llmsim.api.http import Headers
 from llmsim.api.media import media_readers
 from llmsim.api.messages.render import (
     MessageShell,
@@ -32,12 +42,15 @@ from llmsim.api.router import ErrorStyle, Router
 from llmsim.api.stops import StopRule, finish_turn
 from llmsim.api.tool_support import planning_errors
 from llmsim.api.transfer import forced_cache_threshold, job_threshold
+from llmsim.api.turns import TurnPlan
 from llmsim.model.tools import plan_tool_calls as plan_tool_calls_of
 
 __all__ = ["count_tokens", "create_message", "register"]
 
 
-async def create_message(call: Call) -> None:
+def create_message(call: Call) -> Awaitable[None] | None:
+    """A message, answered synchronously up to its submitted job (the router's
+    ``Handler``): a stream needs nothing more; a complete answer returns what waits."""
     ctx = call.ctx
     request = parse_messages_request(call.json())
     check_injected_failure(call)  # X-Return-Error, --failure-injection-rate
@@ -92,9 +105,13 @@ async def create_message(call: Call) -> None:
     )
     if request.streaming:
         stream(call, generation, MessagesStreamRenderer(shell=shell, plan=plan), identity.headers)
-        return
-    [job] = await collect(call, generation)
-    call.respond(200, message_body(shell, plan, job), (*JSON_HEADERS, *identity.headers))
+        return None
+    return _respond(call, submit_collected(call, generation), shell, plan, identity.headers)
+
+
+async def _respond(call: Call, pending: PendingJobs, shell: MessageShell, plan: TurnPlan, headers: Headers) -> None:
+    [job] = await pending.finished()
+    call.respond(200, message_body(shell, plan, job), (*JSON_HEADERS, *headers))
 
 
 def _stop_rule(stop_sequences: tuple[str, ...] | None, streaming: bool) -> StopRule | None:

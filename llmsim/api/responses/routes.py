@@ -13,13 +13,13 @@ stay off and the turn is a message.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from llmsim.api.context import ApiContext, Call, seeded_random
 from llmsim.api.errors import JSON_HEADERS, ApiError, validation_error
 from llmsim.api.failures import check_injected_failure
-from llmsim.api.generation import RequestIdentity, check_job_count, check_output_volume, collect, stream_to_end
+from llmsim.api.generation import RequestIdentity, check_job_count, check_output_volume, stream, submit_collected
 from llmsim.api.logprobs_format import choice_seed
 from llmsim.api.logprobs_limit import checked_logprobs
 from llmsim.api.media import media_readers
@@ -61,7 +61,10 @@ __all__ = ["cancel_response", "create_response", "delete_response", "register", 
 _JSON_OBJECT_OVERHEAD = 8  # tokens a json_object turn spends on its wrapper, roughly
 
 
-async def create_response(call: Call) -> None:
+def create_response(call: Call) -> Awaitable[None] | None:
+    """A response, answered synchronously up to its submitted job (the router's
+    ``Handler``): a stream needs nothing more (it is stored as it ends, complete); a
+    complete answer returns what waits."""
     ctx = call.ctx
     body = call.json()
     request = parse_responses_request(body)
@@ -151,27 +154,36 @@ async def create_response(call: Call) -> None:
     generation = GenerationPlan.single(
         request_id, PromptPlan(prompt, cap, cache_hit_threshold=threshold, kv_multimodal=media), plan
     )
-    if request.streaming:
-        renderer = ResponsesStreamRenderer(shell=shell, plan=plan, ids=ids, logprobs=logprobs)
-        await stream_to_end(call, generation, renderer, identity.headers)  # (it is stored once it ended)
-        final = renderer.final
-        if final is None:
-            return
-        response_body = json_bytes(final)
-    else:
-        [job] = await collect(call, generation)
-        response_body = json_bytes(final_response(shell, plan, ids, job, logprobs, streamed=False))
-        call.respond(200, response_body, (*JSON_HEADERS, *identity.headers))
-    if storing:
-        said = _output_turn(plan, ids.call_id)
-        store.put(
-            StoredResponse(
+    said = _output_turn(plan, ids.call_id)
+
+    def save(response_body: bytes) -> None:
+        if storing:
+            stored = StoredResponse(
                 response_id=identity.response_id,
                 body=response_body,
                 history=(*history, *conversation.turns, said),
                 has_tool_output=has_tool_output,
             )
-        )
+            store.put(stored)
+
+    if request.streaming:
+        renderer = ResponsesStreamRenderer(shell=shell, plan=plan, ids=ids, logprobs=logprobs)
+
+        def ended() -> None:  # (also when the client left: then there is no final response to store)
+            if renderer.final is not None:
+                save(json_bytes(renderer.final))
+
+        stream(call, generation, renderer, identity.headers, on_end=ended)
+        return None
+    pending = submit_collected(call, generation)
+
+    async def respond() -> None:
+        [job] = await pending.finished()
+        response_body = json_bytes(final_response(shell, plan, ids, job, logprobs, streamed=False))
+        call.respond(200, response_body, (*JSON_HEADERS, *identity.headers))
+        save(response_body)
+
+    return respond()
 
 
 def _checked_prompt(ctx: ApiContext, request: ResponsesRequest, turns: list[ChatTurn]) -> list[int]:
