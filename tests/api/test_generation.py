@@ -289,3 +289,21 @@ def test_on_end_runs_once_however_the_stream_ends_and_leaves_the_jobs(
     statistics = run.engine.statistics()
     assert calls == [pytest.approx(ended_at)] and sink.ended
     assert (statistics.finished, statistics.cancelled, statistics.running) == (finished, cancelled, 0)
+
+
+def test_an_on_end_that_raises_is_logged_and_the_engine_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    """``on_end`` runs inside the engine's step (the last job's sink call): what it raises
+    is logged there, never raised into the step, which serves every other stream too."""
+    run = EngineRun(**LATENCY)
+    sink = run.streaming_sink(_Renderer(), 1)
+    other = run.streaming_sink(_Renderer(), 1)
+
+    def broken() -> None:
+        raise RuntimeError("on_end bug")
+
+    sink.on_end = broken
+    run.submit([make_job(sink, ("a", "b")), make_job(other, ("c", "d", "e"), index=0)])
+    run.run()
+    assert sink.ended and other.ended
+    assert "ending the request of a stream failed" in caplog.text and "on_end bug" in caplog.text
+    assert run.engine.statistics().finished == 2
