@@ -105,8 +105,7 @@ class Router:
         """Route ``method path`` to ``handler``.  ``cancel_on_close``: the handler waits
         for something other than its jobs (``generation.stream_to_end`` and
         ``PendingJobs.finished`` end when the response closes, and a handler that never
-        waits needs nothing), so it
-        must be cancelled when the client goes away."""
+        waits needs nothing), so it must be cancelled when the client goes away."""
         if cancel_on_close:
             self._cancelled_on_close.add(handler)
         segments = tuple(path.split("/"))
@@ -204,10 +203,10 @@ class Api:
 
     It ends on close (``ends_on_close``): a handler returns soon after its response
     closed without being cancelled, since the only waits of the generating endpoints
-    (``generation.stream_to_end`` and ``PendingJobs.finished``) end at the close, most handlers never wait,
-    and the few that wait for something else (``Router.add(..., cancel_on_close=True)``)
-    run here in a scope the close cancels.  So the native server runs no cancel scope
-    per generating request.
+    (``generation.stream_to_end`` and ``PendingJobs.finished``) end at the close, most
+    handlers never wait, and the few that wait for something else
+    (``Router.add(..., cancel_on_close=True)``) run here in a scope the close cancels.
+    So the native server runs no cancel scope per generating request.
 
     It answers in two parts (``StartingApplication``): :meth:`start` checks the key,
     routes and calls the handler, all at once; only what the handler leaves (a

@@ -1,7 +1,7 @@
 """Applying an ``x-llmsim-fault`` plan (:mod:`llmsim.faults`) to one response.
 
 A request without the header (and not picked by ``--fault-rate``) never comes here
-(:func:`~.stream.run_handler` looks the header up once).  With it, the handler writes to
+(:func:`~.stream.start_handler` looks the header up once).  With it, the handler writes to
 a :class:`FaultyResponse` instead of its :class:`~.stream.OutboundStream`: the handler's
 calls only queue, and a pump task beside the handler forwards them one at a time,
 waiting after each body event until the connection has taken it.  So every event leaves
@@ -99,9 +99,12 @@ def vllm_error_event(status: int) -> bytes:
 async def run_with_faults(
     app: Application, request: HttpRequest, stream: OutboundStream, header: bytes, faults: FaultInjection | None
 ) -> None:
-    """:func:`~.stream.run_handler` for a request with faults: a malformed header is a 400
-    naming the bad fault; otherwise the handler runs on a :class:`FaultyResponse` with its
-    pump beside it, both in the stream's cancel scope."""
+    """:func:`~.stream.run_handler` for a request with faults (:func:`~.stream.start_handler`
+    spawns it): a malformed header is a 400 naming the bad fault; otherwise the handler
+    runs on a :class:`FaultyResponse` with its pump beside it, both in the stream's
+    cancel scope.  A request whose stream was reset before this ran is not answered."""
+    if stream.state.closed:
+        return
     try:
         plan = parse_faults(header.decode("latin-1"))
     except FaultSyntaxError as exc:

@@ -124,16 +124,23 @@ def start_handler(
 ) -> None:
     """Answer ``request`` on ``stream``, from the task that read it.
 
-    An application that answers in two parts (``StartingApplication``) has its
-    ``start`` called here and now, and only what that leaves to await runs in a task
-    (``spawn``): a streaming request then costs no task at all.  Any other application,
-    and every request with faults, runs in a task of its own (:func:`run_handler`).  A
-    request whose stream was reset before it got here never reaches the application."""
+    A request with an ``x-llmsim-fault`` header, or one ``faults`` picks for
+    ``--fault`` (one roll per request), runs in a task through
+    :func:`.faulty.run_with_faults`.  Otherwise an application that answers in two parts
+    (``StartingApplication``) has its ``start`` called here and now, and only what that
+    leaves to await runs in a task (``spawn``): a streaming request then costs no task
+    at all; any other application runs whole in a task of its own (:func:`run_handler`).
+    A request whose stream was reset before it got here never reaches the application
+    (it would be parsed, tokenized, planned and queued for a client long gone)."""
     if stream.state in CLOSED_STATES:
         return
+    header = _fault_header(request, faults)
+    if header is not None:
+        spawn(run_with_faults, app, request, stream, header, faults)
+        return
     start = getattr(app, "start", None)
-    if start is None or _fault_header(request, faults) is not None:
-        spawn(run_handler, app, request, stream, faults)
+    if start is None:
+        spawn(run_handler, app, request, stream)
         return
     try:
         rest = start(request, stream)
@@ -162,20 +169,12 @@ def _fault_header(request: HttpRequest, faults: FaultInjection | None) -> bytes 
     return faults.global_faults(request) if faults is not None else None
 
 
-async def run_handler(
-    app: Application, request: HttpRequest, stream: OutboundStream, faults: FaultInjection | None = None
-) -> None:
-    """Run ``app.handle`` for one request; a handler that fails gets a 500 (or, if its
-    head is already decided, the stream is aborted on the wire).  A request with an
-    ``x-llmsim-fault`` header, or one ``faults`` picks for ``--fault``, goes to
-    :func:`.faulty.run_with_faults` instead.  A request whose stream was reset before
-    its task ran never reaches the application (the handler would run up to its first
-    checkpoint: parsing, tokenizing, planning and queueing, for a client long gone)."""
+async def run_handler(app: Application, request: HttpRequest, stream: OutboundStream) -> None:
+    """Run ``app.handle`` for one request (:func:`start_handler` spawns it); a handler
+    that fails gets a 500 (or, if its head is already decided, the stream is aborted on
+    the wire).  A request whose stream was reset before its task ran never reaches the
+    application."""
     if stream.state in CLOSED_STATES:  # (state.closed, without the property's call)
-        return
-    header = _fault_header(request, faults)
-    if header is not None:
-        await run_with_faults(app, request, stream, header, faults)
         return
     # handle_or_fail and fail_if_unended, inlined: one coroutine and two calls less per request.
     # An application that ends on its own once its response closes runs in no cancel

@@ -13,10 +13,11 @@ import h2.connection
 import h2.events
 import pytest
 
-from llmsim.api.http import HttpRequest, ResponseStream
+from llmsim.api.http import HttpRequest, InjectedFaults, ResponseStream
 from llmsim.faults import FAULT_HEADER
+from llmsim.protocol.native.faulty import FaultInjection, run_with_faults
 from llmsim.protocol.native.http2 import Http2Handler, Http2Stream
-from tests.protocol.helpers import RecordingTransport, TestApp
+from tests.protocol.helpers import RecordingTransport, TestApp, settings
 
 SSE = [(b"content-type", b"text/event-stream")]
 
@@ -112,7 +113,32 @@ async def test_a_request_with_faults_runs_whole_in_a_task_without_start() -> Non
     client.send_headers(1, head("/open", (FAULT_HEADER, b"stall-after=1")), end_stream=True)
     handler.receive(client.data_to_send())
     [arguments] = wire.spawned
-    assert app.started == [] and arguments[0] is app  # run_handler(app, request, stream, faults)
+    assert app.started == [] and wire.spawned_functions == [run_with_faults]
+    assert arguments[0] is app and arguments[3] == b"stall-after=1"
+
+
+@pytest.mark.parametrize("starting", [True, False], ids=["start", "handle"])
+async def test_fault_rate_is_rolled_once_per_request(starting: bool) -> None:
+    """``--fault-rate`` rolls once for each request (a second roll would lower the rate
+    and shift the seeded sequence): the first roll picks it, a second would not."""
+    draws, rolls = iter([0.1, 0.9]), []
+
+    def roll() -> float:
+        rolls.append(1)
+        return next(draws)
+
+    def control() -> tuple[str | None, float]:
+        return "stall-after=1", 0.5
+
+    faults = FaultInjection(InjectedFaults(), control, seed=0)
+    faults._rng.random = roll  # type: ignore[method-assign]
+    app: TestApp = StartingApp() if starting else TestApp()
+    wire = RecordingTransport(app=app, settings=settings(faults=faults))
+    handler = Http2Handler(wire)
+    client = h2_client()
+    client.send_headers(1, head("/v1/models"), end_stream=True)
+    handler.receive(client.data_to_send())
+    assert len(rolls) == 1 and wire.spawned_functions == [run_with_faults]
 
 
 async def test_a_request_reset_in_the_read_that_completed_it_never_starts() -> None:
