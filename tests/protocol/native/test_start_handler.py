@@ -53,9 +53,27 @@ def head(path: str, *extra: tuple[bytes, bytes]) -> list[tuple[bytes, bytes]]:
     return [(b":method", b"GET"), (b":path", path.encode()), (b":scheme", b"http"), (b":authority", b"x"), *extra]
 
 
-def served(app: StartingApp) -> tuple[Http2Handler, RecordingTransport]:
-    wire = RecordingTransport(app=app)
-    return Http2Handler(wire), wire
+@attrs.define
+class Served:
+    """One request read by an HTTP/2 handler on a recording transport."""
+
+    handler: Http2Handler
+    wire: RecordingTransport
+    client: h2.connection.H2Connection
+
+    @classmethod
+    def request(cls, wire: RecordingTransport, path: str, *extra: tuple[bytes, bytes], reset: bool = False) -> Served:
+        client = h2_client()
+        client.send_headers(1, head(path, *extra), end_stream=True)
+        if reset:
+            client.reset_stream(1)
+        handler = Http2Handler(wire)
+        handler.receive(client.data_to_send())
+        return cls(handler, wire, client)
+
+    def statuses(self) -> list[bytes]:
+        events = client_events(self.client, self.handler.outgoing())
+        return [dict(e.headers)[b":status"] for e in events if isinstance(e, h2.events.ResponseReceived)]
 
 
 def client_events(client: h2.connection.H2Connection, data: bytes) -> list[h2.events.Event]:
@@ -64,15 +82,11 @@ def client_events(client: h2.connection.H2Connection, data: bytes) -> list[h2.ev
 
 async def test_start_runs_as_the_request_is_read_and_no_task_is_spawned() -> None:
     app = StartingApp()
-    handler, wire = served(app)
-    client = h2_client()
-    client.send_headers(1, head("/open"), end_stream=True)
-    handler.receive(client.data_to_send())
-    assert app.started == ["/open"] and wire.spawned == []
+    served = Served.request(RecordingTransport(app=app), "/open")
+    assert app.started == ["/open"] and served.wire.spawned == []
     [response] = app.left_open
     response.end(b"data: last\n\n")  # ended later, from elsewhere
-    events = client_events(client, handler.outgoing())
-    handler.flushed()
+    events = client_events(served.client, served.handler.outgoing())
     body = b"".join(event.data for event in events if isinstance(event, h2.events.DataReceived))
     assert body == b"data: first\n\ndata: last\n\n"
     assert any(isinstance(event, h2.events.StreamEnded) for event in events)
@@ -81,37 +95,24 @@ async def test_start_runs_as_the_request_is_read_and_no_task_is_spawned() -> Non
 
 async def test_what_start_leaves_runs_in_a_task() -> None:
     app = StartingApp()
-    handler, wire = served(app)
-    client = h2_client()
-    client.send_headers(1, head("/later"), end_stream=True)
-    handler.receive(client.data_to_send())
-    [arguments] = wire.spawned
+    served = Served.request(RecordingTransport(app=app), "/later")
+    [arguments] = served.wire.spawned
     assert app.started == ["/later"] and app.log == []  # the rest has not run yet
-    await wire.spawned_functions[0](*arguments)
+    await served.wire.spawned_functions[0](*arguments)
     assert app.log == ["start /echo", "end /echo"]
-    events = client_events(client, handler.outgoing())
-    assert [dict(e.headers)[b":status"] for e in events if isinstance(e, h2.events.ResponseReceived)] == [b"200"]
+    assert served.statuses() == [b"200"]
 
 
 async def test_a_start_that_raises_is_a_500(caplog: pytest.LogCaptureFixture) -> None:
-    app = StartingApp()
-    handler, wire = served(app)
-    client = h2_client()
-    client.send_headers(1, head("/raise"), end_stream=True)
     with caplog.at_level(logging.ERROR):
-        handler.receive(client.data_to_send())
-    events = client_events(client, handler.outgoing())
-    assert wire.spawned == []
-    assert [dict(e.headers)[b":status"] for e in events if isinstance(e, h2.events.ResponseReceived)] == [b"500"]
+        served = Served.request(RecordingTransport(app=StartingApp()), "/raise")
+    assert served.wire.spawned == [] and served.statuses() == [b"500"]
     assert "handler for GET /raise failed" in caplog.text
 
 
 async def test_a_request_with_faults_runs_whole_in_a_task_without_start() -> None:
     app = StartingApp()
-    handler, wire = served(app)
-    client = h2_client()
-    client.send_headers(1, head("/open", (FAULT_HEADER, b"stall-after=1")), end_stream=True)
-    handler.receive(client.data_to_send())
+    wire = Served.request(RecordingTransport(app=app), "/open", (FAULT_HEADER, b"stall-after=1")).wire
     [arguments] = wire.spawned
     assert app.started == [] and wire.spawned_functions == [run_with_faults]
     assert arguments[0] is app and arguments[3] == b"stall-after=1"
@@ -133,20 +134,12 @@ async def test_fault_rate_is_rolled_once_per_request(starting: bool) -> None:
     faults = FaultInjection(InjectedFaults(), control, seed=0)
     faults._rng.random = roll  # type: ignore[method-assign]
     app: TestApp = StartingApp() if starting else TestApp()
-    wire = RecordingTransport(app=app, settings=settings(faults=faults))
-    handler = Http2Handler(wire)
-    client = h2_client()
-    client.send_headers(1, head("/v1/models"), end_stream=True)
-    handler.receive(client.data_to_send())
+    wire = Served.request(RecordingTransport(app=app, settings=settings(faults=faults)), "/v1/models").wire
     assert len(rolls) == 1 and wire.spawned_functions == [run_with_faults]
 
 
 async def test_a_request_reset_in_the_read_that_completed_it_never_starts() -> None:
     app = StartingApp()
-    handler, wire = served(app)
-    client = h2_client()
-    client.send_headers(1, head("/open"), end_stream=True)
-    client.reset_stream(1)
-    handler.receive(client.data_to_send())
-    assert app.started == [] and wire.spawned == []
-    assert not isinstance(handler._streams.get(1), Http2Stream)
+    served = Served.request(RecordingTransport(app=app), "/open", reset=True)
+    assert app.started == [] and served.wire.spawned == []
+    assert not isinstance(served.handler._streams.get(1), Http2Stream)
