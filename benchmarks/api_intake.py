@@ -1,16 +1,19 @@
 """What the API layer costs per generating request, in process (docs/performance.md,
 "API request handling" and "API intake (stop 11)").
 
-No sockets and no protocol: requests go straight to ``Simulator.app.handle`` with an
-:class:`~llmsim.api.http.HttpRequest` and a response that only counts bytes, zero
-latency, the GC thresholds of ``llmsim serve``.  Three measures per scenario:
+No sockets and no protocol: requests go straight to the application as the native
+server hands them (:func:`_answer`: ``app.start`` in the calling task where the
+application has it, else ``app.handle``) with an :class:`~llmsim.api.http.HttpRequest`
+and a response that only counts bytes, zero latency, the GC thresholds of ``llmsim
+serve``.  Three measures per scenario:
 
 * ``cpu``: CPU µs per request for the whole request (intake, the engine, every
   token's rendering, GC), ``--concurrency`` handler tasks at a time, best of
   ``--repeat`` runs;
-* ``intake``: CPU µs from ``handle`` to the response's head (the jobs are submitted
-  just before it), one request at a time with a TTFT of an hour so that nothing else
-  runs in between; the request is then cancelled (outside the measured span);
+* ``intake``: CPU µs from the application's entry to the response's head (the jobs are
+  submitted just before it), one request at a time with a TTFT of an hour so that
+  nothing else runs in between; the request is then cancelled, or its client leaves
+  (outside the measured span);
 * ``memory``: bytes per in-flight stream (tracemalloc), ``--in-flight`` streams held
   open at that TTFT.
 
@@ -86,13 +89,16 @@ SERVER_GC_THRESHOLDS = (50_000, 20, 100)  # llmsim.cli.SERVER_GC_THRESHOLDS
 
 
 class CountingResponse:
-    """A ResponseStream that only counts what it is given (the client reads at once)."""
+    """A ResponseStream that only counts what it is given (the client reads at once);
+    ``on_end`` is called as it ends, :meth:`disconnect` is the client leaving."""
 
-    def __init__(self, on_start: Callable[[], None] | None = None) -> None:
+    def __init__(self, on_start: Callable[[], None] | None = None, on_end: Callable[[], None] | None = None) -> None:
         self.bytes = 0
         self.status = 0
         self.started = self.ended = self.closed = False
         self._on_start = on_start
+        self._on_end = on_end
+        self._close_callbacks: list[Callable[[], None]] = []
 
     def start(self, status: int, headers: Any) -> None:
         self.status, self.started = status, True
@@ -106,12 +112,36 @@ class CountingResponse:
     def end(self, data: bytes = b"", trailers: Any = ()) -> None:
         self.bytes += len(data)
         self.ended = True
+        self._close_callbacks = []
+        if self._on_end is not None:
+            self._on_end()
 
     def on_drained(self, callback: Callable[[], None]) -> None:
         callback()
 
     def on_close(self, callback: Callable[[], None]) -> None:
-        pass
+        if not self.ended:
+            self._close_callbacks.append(callback)
+
+    def disconnect(self) -> None:
+        self.closed = True
+        callbacks, self._close_callbacks = self._close_callbacks, []
+        for callback in callbacks:
+            callback()
+
+
+async def _answer(trio: Any, app: Any, request: Any, response: CountingResponse, ended: Any) -> None:
+    """Answer ``request`` as the native server does: ``app.start`` (llmsim's ``Api`` has
+    it since issue 16's eighth pass) and the rest it leaves, else ``app.handle``; then
+    wait for ``ended`` (the trio Event ``response``'s ``on_end`` sets)."""
+    start = getattr(app, "start", None)
+    if start is None:
+        await app.handle(request, response)
+        return
+    rest = start(request, response)
+    if rest is not None:
+        await rest
+    await ended.wait()
 
 
 def _simulator(trio: Any, **config: Any) -> Any:
@@ -140,18 +170,21 @@ def measure_cpu(scenario: str, requests: int, concurrency: int) -> float:
         request = _request(path, body)
         left = [requests]
 
+        async def one() -> None:
+            ended = trio.Event()
+            response = CountingResponse(on_end=ended.set)
+            await _answer(trio, sim.app, request, response, ended)
+            assert response.status == 200 and response.ended, response.status
+
         async def worker() -> None:
             while left[0] > 0:
                 left[0] -= 1
-                response = CountingResponse()
-                await sim.app.handle(request, response)
-                assert response.status == 200 and response.ended, response.status
+                await one()
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(sim.run_engine)
             for _ in range(min(concurrency, requests)):  # warm-up: the first requests pay for imports
-                response = CountingResponse()
-                await sim.app.handle(request, response)
+                await one()
             gc.collect()
             started = time.process_time()
             async with trio.open_nursery() as workers:
@@ -165,7 +198,7 @@ def measure_cpu(scenario: str, requests: int, concurrency: int) -> float:
 
 
 def measure_intake(scenario: str, requests: int) -> float:
-    """CPU µs from ``handle`` to the response head, one request at a time (best median)."""
+    """CPU µs from the application's entry to the response head, one request at a time (best median)."""
     import trio
 
     path, body = SCENARIOS[scenario]
@@ -186,7 +219,8 @@ def measure_intake(scenario: str, requests: int) -> float:
 
                     response = CountingResponse(started)
                     began[0] = time.process_time()
-                    await sim.app.handle(request, response)
+                    await _answer(trio, sim.app, request, response, trio.Event())
+                response.disconnect()  # (after the start path, which the scope does not cancel)
             nursery.cancel_scope.cancel()
 
     trio.run(main)
@@ -223,11 +257,19 @@ def measure_memory(scenario: str, in_flight: int) -> float:
 async def _hold(trio: Any, sim: Any, request: Any, count: int, nursery: Any) -> None:
     """Start ``count`` requests and return once each has its head (they stay open)."""
     started = trio.Semaphore(0)
+    start = getattr(sim.app, "start", None)
     for _ in range(count):
         response = CountingResponse(started.release)
-        nursery.start_soon(sim.app.handle, request, response)
+        if start is None:
+            nursery.start_soon(sim.app.handle, request, response)
+        elif (rest := start(request, response)) is not None:  # (a stream leaves nothing: no task, as natively)
+            nursery.start_soon(_awaited, rest)
     for _ in range(count):
         await started.acquire()
+
+
+async def _awaited(rest: Any) -> None:
+    await rest
 
 
 def callgrind_counts(scenario: str, requests: int, concurrency: int, out: str, dumps: list[int]) -> float:
