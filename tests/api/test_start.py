@@ -1,7 +1,7 @@
 """``Api.start``: a request answered as far as it can be without waiting, in the caller's
 task (the native server calls it from the connection's reader); only what is left to
-await comes back.  A streaming chat or completion leaves nothing: its jobs are in the
-engine and its head is written when ``start`` returns, and the engine's sink ends it."""
+await comes back.  A stream, on any generating endpoint, leaves nothing: its jobs are in
+the engine and its head is written when ``start`` returns, and the engine's sink ends it."""
 
 from __future__ import annotations
 
