@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+import h11
 import httpx
 import pytest
 import trio
@@ -16,7 +17,7 @@ import llmsim
 from llmsim.config import Config
 from llmsim.server import ServerHandle, ServerStatistics
 from tests.conftest import require_tool
-from tests.protocol.helpers import H2Client
+from tests.protocol.helpers import H1Client, H2Client
 
 CHAT = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": True}
 
@@ -76,6 +77,32 @@ async def test_a_streamed_chat_runs_in_no_task_of_its_own(nursery: trio.Nursery,
             trio.lowlevel.remove_instrument(spawned)
     assert complete.json()["usage"]["completion_tokens"] == 5
     assert [name for name in spawned.names if name.startswith("llmsim.")] == ["llmsim.protocol.native.stream._run_rest"]
+
+
+async def test_pipelined_streamed_chats_are_answered_in_order(nursery: trio.Nursery) -> None:
+    """HTTP/1.1 takes a pipelined request up once the one before it was sent, which for a
+    stream is usually in the engine's task (the last flush after a step, WriteCoalescer):
+    the next request is then started there, with ``Api.start``, and streams in its turn."""
+    server = await start(nursery, inter_token_latency=0.005)
+    body = json.dumps({**CHAT, "ignore_eos": True}).encode()
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    one = head + b"content-length: %d\r\n\r\n" % len(body) + body
+    client = H1Client(await trio.open_tcp_stream(server.host, server.port))
+    await client.stream.send_all(one * 3)
+    ids = []
+    for index in range(3):
+        # (h11 reads only a response to a request it sent: this one is for its state; the bytes went above)
+        client.conn.send(h11.Request(method="POST", target="/x", headers=[("host", "x"), ("content-length", "0")]))
+        client.conn.send(h11.EndOfMessage())
+        response, streamed = await client.response()
+        client.conn.start_next_cycle()
+        events = [line for line in streamed.decode().split("\n\n") if line]
+        assert response.status_code == 200 and events[-1] == "data: [DONE]", index
+        ids.append(json.loads(events[0].removeprefix("data: "))["id"])
+    await client.stream.aclose()
+    assert len(set(ids)) == 3
+    stats = await _settle(server, lambda s: s.active_streams == 0 and s.running == 0)
+    assert stats.requests_served == 3
 
 
 async def test_curl_over_tls_negotiates_h2(nursery: trio.Nursery) -> None:
