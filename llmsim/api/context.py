@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # a family's state, reached through the context; the family i
     from llmsim.api.admin import AdminControl, SleepState
     from llmsim.api.responses.store import ResponseStore
 
-__all__ = ["ApiContext", "BodyCache", "Call", "request_adapter", "seeded_random"]
+__all__ = ["ApiContext", "BodyCache", "Call", "clear_request_adapter", "request_adapter", "seeded_random"]
 
 T = TypeVar("T")
 
@@ -42,9 +42,11 @@ _NINETEEN_DIGITS = b"0" * 19
 _UNPARSABLE_BODY = "There was an error parsing the body"
 
 #: The LoRA adapter the request being handled addresses (None: the base model), set by
-#: :meth:`ApiContext.resolve_model` for every request that builds jobs, before it builds
-#: them (the generation flow reads it then): in the request's own task, or in the
-#: synchronous part of its handler (``Api.start``), where no other request runs between.
+#: :meth:`ApiContext.resolve_model`; the generation flow reads it as it builds the
+#: request's jobs.  ``Api.start`` runs in the task that read the request (the native
+#: server's connection reader, whose context every task it spawns copies), so each
+#: request begins by clearing it (:func:`clear_request_adapter`): no request sees the
+#: adapter of one before it on the same connection.
 _REQUEST_ADAPTER: ContextVar[str | None] = ContextVar("llmsim_request_adapter", default=None)
 
 
@@ -108,8 +110,7 @@ class ApiContext:
         a LoRA adapter's name is reported as is, and the request's jobs run with it
         (vLLM's ``model_name(lora_request)``, ``vllm/entrypoints/openai/models/serving.py:
         143-146``; the 404 lists the base names only, as vLLM's)."""
-        if _REQUEST_ADAPTER.get() is not None:  # (set only to change it: a set costs more than a get)
-            _REQUEST_ADAPTER.set(None)
+        clear_request_adapter()
         if name is None:
             return self._display_model
         if not isinstance(name, str):
@@ -153,6 +154,12 @@ def seeded_random(text: str) -> random.Random:
     _seed_state(rng, int.from_bytes(data + _sha512(data).digest(), "big"))
     rng.gauss_next = None  # type: ignore[attr-defined]  # set by Random.__init__, not in typeshed
     return rng
+
+
+def clear_request_adapter() -> None:
+    """No adapter for the request being handled (until ``resolve_model`` names one)."""
+    if _REQUEST_ADAPTER.get() is not None:  # (set only to change it: a set costs more than a get)
+        _REQUEST_ADAPTER.set(None)
 
 
 def request_adapter() -> str | None:

@@ -23,7 +23,7 @@ import attrs
 import trio
 
 from llmsim.api.auth import authorized, send_unauthorized
-from llmsim.api.context import ApiContext, Call
+from llmsim.api.context import ApiContext, Call, clear_request_adapter
 from llmsim.api.errors import JSON_HEADERS, ApiError, ResponseClosed
 from llmsim.api.http import Headers, HttpRequest, ResponseStream, ResponseWrapper
 
@@ -230,6 +230,7 @@ class Api:
         await watched.ended_or_closed()
 
     def start(self, request: HttpRequest, response: ResponseStream) -> Awaitable[None] | None:
+        clear_request_adapter()  # (this context may be the reader's, which served a request before)
         keys = self.ctx.control.api_key  # --api-key: checked before routing, as vLLM's middleware
         if keys and not authorized(request, keys):
             send_unauthorized(response)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import random
 
+import orjson
 import pytest
 
 from llmsim.api.context import request_adapter, seeded_random
-from tests.api.fakes import post, running
+from llmsim.api.http import HttpRequest
+from tests.api.fakes import FakeResponse, post, running
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
 
@@ -42,3 +44,22 @@ async def test_resolving_the_base_model_after_an_adapter_clears_the_adapter() ->
         assert request_adapter() == "sql"
         sim.ctx.resolve_model(None)
         assert request_adapter() is None
+
+
+async def test_a_request_answered_in_start_leaves_no_adapter_to_the_next() -> None:
+    """``Api.start`` runs in the task that read the request (the connection's reader), so
+    the adapter a LoRA request resolved stays in that task's context: the next request
+    begins without it, including one whose jobs are built without ``resolve_model``
+    (gRPC's Generate, whose task the reader spawns)."""
+    async with running(lora_modules=("sql=/adapters/sql",)) as sim:
+        body = orjson.dumps({**CHAT, "model": "sql", "stream": True})
+        headers = ((b"content-type", b"application/json"),)
+        assert (
+            sim.app.start(HttpRequest("POST", "/v1/chat/completions", headers=headers, body=body), FakeResponse())
+            is None
+        )
+        assert request_adapter() == "sql"  # (what the chat's jobs were built with)
+        rest = sim.app.start(HttpRequest("GET", "/v1/models"), FakeResponse())
+        assert request_adapter() is None
+        if rest is not None:
+            await rest
