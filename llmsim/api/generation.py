@@ -385,25 +385,20 @@ if (_install := installer("install_streaming_sink")) is not None:
 
 
 class SubmittedJobs:
-    """``with SubmittedJobs(engine, jobs, clock, arrival, log=...):`` submits every job,
-    all or none: a full waiting queue is a 429.  On exit, however it happens, every job
-    that has not finished is cancelled (freeing its slot).  ``log``
+    """A request's jobs in the engine: :meth:`submit` submits every one, all or none (a
+    full waiting queue is a 429); :meth:`leave`, called once whatever ends the request
+    (the stream's end or close, the end of a complete answer's wait, cancellation
+    included), cancels every job that has not finished, freeing its slot.  ``log``
     (:func:`~llmsim.api.request_log.request_log`; None: no log) gets its lines once the
-    jobs are in the engine and as they are left, before that cancelling.
-
-    Without a ``with`` block (a stream, whose end no task waits for): :meth:`submit`,
-    then :meth:`leave` once, from whatever ends the request.  (The engine allows
-    ``leave`` from inside a sink call, mid-step: a cancelled job's entry goes stale.)
+    jobs are in the engine and as they are left, before that cancelling.  (The engine
+    allows ``leave`` from inside a sink call, mid-step: a cancelled job's entry goes stale.)
 
     ``arrival`` is when the request's first bytes arrived (``HttpRequest.received_at``;
     None: now).  The jobs arrive then, so that the TTFT a client measures does not
     include what reading, parsing and planning took; vLLM's metrics follow (TTFT and
     e2e count from it, queue time stays 0 while a slot is free: see ``Engine.submit``).
 
-    A class rather than a generator-based ``@contextmanager``: it runs once per
-    request, and the generator machinery cost more than the submitting.  (It holds the
-    log rather than being one of two context managers in one ``with``: a second
-    context manager, even a ``nullcontext``, cost two more calls per request.)
+    (It holds the log rather than the caller calling it beside: two more calls per request.)
     """
 
     __slots__ = ("_arrival", "_clock", "_engine", "_jobs", "_left", "_log")
@@ -423,12 +418,6 @@ class SubmittedJobs:
         self._arrival = arrival
         self._log = log
         self._left = False
-
-    def __enter__(self) -> None:
-        self.submit()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.leave()
 
     def submit(self) -> None:
         """Submit every job (raises, with none left in the engine, if one is refused)."""
@@ -558,13 +547,14 @@ class PendingJobs:
     submission happens at once, in the handler's synchronous part (right after the queue
     checks, with no wait in between); :meth:`finished` waits for them."""
 
-    __slots__ = ("_jobs", "_response", "_sink", "_submitted")
+    __slots__ = ("_response", "_sink", "_submitted", "jobs")
 
     def __init__(self, call: Call, plan: GenerationPlan) -> None:
         ctx = call.ctx
         self._response = call.response
         self._sink = sink = CollectingSink(len(plan.choices))
-        self._jobs = jobs = build_jobs(plan, sink, request_adapter())
+        #: The plan's jobs, in choice-index order (submitted; finished once ``finished`` returned).
+        self.jobs = jobs = build_jobs(plan, sink, request_adapter())
         self._submitted = SubmittedJobs(
             ctx.engine, jobs, ctx.clock, call.request.received_at, log=request_log(ctx, plan, jobs)
         )
@@ -582,7 +572,7 @@ class PendingJobs:
             self._submitted.leave()
         if self._response.closed:
             raise ResponseClosed
-        return self._jobs
+        return self.jobs
 
 
 def submit_collected(call: Call, plan: GenerationPlan, *, refusal: ApiError | None = None) -> PendingJobs:

@@ -28,14 +28,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from llmsim.api.context import ApiContext, Call
 from llmsim.api.errors import ApiError, validation_error
 from llmsim.api.failures import check_injected_failure
-from llmsim.api.generation import (
-    CollectingSink,
-    SubmittedJobs,
-    build_jobs,
-    check_job_count,
-    check_output_volume,
-    stream_to_end,
-)
+from llmsim.api.generation import PendingJobs, check_job_count, check_output_volume, stream_to_end
 from llmsim.api.grpc.response import GrpcResponse
 from llmsim.api.grpc.wire import GrpcError, StatusCode, frame, status_for_http
 from llmsim.api.plan import (
@@ -47,7 +40,6 @@ from llmsim.api.plan import (
     stop_reason_of_job,
 )
 from llmsim.api.prompts import check_prompt_length
-from llmsim.api.request_log import request_log
 from llmsim.api.sse import PlainTokens
 from llmsim.api.stops import StopRule
 from llmsim.engine.job import Job, JobState
@@ -234,12 +226,9 @@ class GenerateCall:
             self._renderer = GenerateStreamRenderer(self._response, stop_reasons)
             await stream_to_end(Call(call.ctx, call.request, self._response), plan, self._renderer)
             return
-        ctx = call.ctx
-        sink = CollectingSink(len(plan.choices))
-        self._jobs = build_jobs(plan, sink)
-        arrival = call.request.received_at  # (as every endpoint's jobs: their request's first bytes)
-        with SubmittedJobs(ctx.engine, self._jobs, ctx.clock, arrival, log=request_log(ctx, plan, self._jobs)):
-            await sink.done.wait()
+        pending = PendingJobs(Call(call.ctx, call.request, self._response), plan)
+        self._jobs = pending.jobs  # (what abort() answers with, should Abort cancel the wait)
+        await pending.finished()
         self._respond(stop_reasons)
 
     def _respond(self, stop_reasons: Sequence[str | int | None]) -> None:
