@@ -76,7 +76,7 @@ async def test_a_streamed_chat_runs_in_no_task_of_its_own(nursery: trio.Nursery,
         finally:
             trio.lowlevel.remove_instrument(spawned)
     assert complete.json()["usage"]["completion_tokens"] == 5
-    assert [name for name in spawned.names if name.startswith("llmsim.")] == ["llmsim.protocol.native.stream._run_rest"]
+    assert [name for name in spawned.names if name.startswith("llmsim.")] == ["llmsim.protocol.native.stream._answer"]
 
 
 async def test_pipelined_streamed_chats_are_answered_in_order(nursery: trio.Nursery) -> None:

@@ -148,16 +148,23 @@ def start_handler(
         handler_failed(request, stream)
         return
     if rest is not None:
-        spawn(_run_rest, app, request, stream, rest)
+        spawn(_answer, app, request, stream, rest)
 
 
-async def _run_rest(app: Application, request: HttpRequest, stream: OutboundStream, rest: Awaitable[None]) -> None:
-    """What ``app.start`` left for ``request``, in a task (see :func:`run_handler` on the scope)."""
+async def _answer(app: Application, request: HttpRequest, stream: OutboundStream, answer: Awaitable[None]) -> bool:
+    """Await ``answer``, ``app``'s for ``request`` (the rest ``start`` left, or the whole
+    ``handle``); one that raises is a failed handler.  True if it returned.
+
+    An application that ends on its own once its response closes runs in no cancel
+    scope of its own (entering and leaving one: ~42,000 instructions, a seventh of an
+    HTTP/2 request's intake): ``stream.abort`` runs its close callbacks all the same."""
     with _NO_SCOPE if getattr(app, "ends_on_close", False) else stream.cancel_scope:
         try:
-            await rest
+            await answer
         except Exception:
             handler_failed(request, stream)
+            return False
+    return True
 
 
 def _fault_header(request: HttpRequest, faults: FaultInjection | None) -> bytes | None:
@@ -176,19 +183,10 @@ async def run_handler(app: Application, request: HttpRequest, stream: OutboundSt
     application."""
     if stream.state in CLOSED_STATES:  # (state.closed, without the property's call)
         return
-    # handle_or_fail and fail_if_unended, inlined: one coroutine and two calls less per request.
-    # An application that ends on its own once its response closes runs in no cancel
-    # scope of its own (entering and leaving one: ~42,000 instructions, a seventh of an
-    # HTTP/2 request's intake): ``stream.abort`` runs its close callbacks all the same.
-    with _NO_SCOPE if getattr(app, "ends_on_close", False) else stream.cancel_scope:
-        try:
-            await app.handle(request, stream)
-        except Exception:
-            handler_failed(request, stream)
-            return
-    state = stream.state
-    if state is not _ENDED and state is not _DONE:
-        fail_if_unended(request, stream)
+    if await _answer(app, request, stream, app.handle(request, stream)):
+        state = stream.state
+        if state is not _ENDED and state is not _DONE:
+            fail_if_unended(request, stream)
 
 
 def split_target(target: bytes) -> tuple[str, str]:
