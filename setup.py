@@ -13,7 +13,10 @@ setup(
             "llmsim._speedups",
             sources=[
                 f"native/{name}.c"
-                for name in ("speedups", "engine_run", "engine_advance", "sink", "h2_write", "h1_write", "wake")
+                for name in (
+                    *("speedups", "engine_run", "engine_advance", "sink"),
+                    *("h2_write", "h1_write", "wake", "flush"),
+                )
             ],
             depends=["native/speedups.h"],
             optional=True,

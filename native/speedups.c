@@ -102,7 +102,7 @@ PyInit__speedups(void)
         return NULL;
     }
     if (llmsim_engine_init(module) < 0 || llmsim_sink_init(module) < 0 || llmsim_h2_init(module) < 0
-        || llmsim_h1_init(module) < 0 || llmsim_wake_init(module) < 0) {
+        || llmsim_h1_init(module) < 0 || llmsim_wake_init(module) < 0 || llmsim_flush_init(module) < 0) {
         Py_DECREF(module);
         return NULL;
     }

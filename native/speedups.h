@@ -1,6 +1,6 @@
 /* The compiled per-token path of llmsim (module llmsim._speedups): shared helpers.
  *
- * Each part (engine_run.c with engine_advance.c, sink.c, h2_write.c, h1_write.c, wake.c) is the twin
+ * Each part (engine_run.c with engine_advance.c, sink.c, h2_write.c, h1_write.c, wake.c, flush.c) is the twin
  * of a pure-Python function that stays the reference: llmsim/speedups.py says which are installed, and
  * LLMSIM_PURE=1 turns them all off.  The C code reads the fields of llmsim's own
  * slotted (attrs) classes by their slot offsets, given at install time as the
@@ -121,5 +121,6 @@ int llmsim_sink_init(PyObject *module);
 int llmsim_h2_init(PyObject *module);
 int llmsim_h1_init(PyObject *module);
 int llmsim_wake_init(PyObject *module);
+int llmsim_flush_init(PyObject *module);
 
 #endif

@@ -27,16 +27,16 @@ from typing import Any
 import attrs
 import trio
 
-from llmsim.api.http import Application
+from llmsim.api.http import Application, ResponseState
 from llmsim.protocol.native.arrival import StampedStream, stamped
 from llmsim.protocol.native.base import ProtocolHandler
 from llmsim.protocol.native.detect import RECEIVE_SIZE, PrefixedStream, Wire, refuse_cleartext, sniff
-from llmsim.protocol.native.http1 import Http1Handler
+from llmsim.protocol.native.http1 import Http1Handler, Http1Response
 from llmsim.protocol.native.http2 import Http2Handler
 from llmsim.protocol.settings import ConnectionTracker, ProtocolSettings
 from llmsim.speedups import installer
 
-__all__ = ["PURE_WAKE_WRITER", "Connection", "ConnectionPhase", "WriteCoalescer"]
+__all__ = ["PURE_RELEASE", "PURE_WAKE_WRITER", "Connection", "ConnectionPhase", "WriteCoalescer"]
 
 log = logging.getLogger("llmsim.protocol")
 
@@ -75,6 +75,7 @@ class ConnectionPhase(enum.Enum):
 
 _NEGOTIATING, _OPEN = ConnectionPhase.NEGOTIATING, ConnectionPhase.OPEN
 _DRAINING, _CLOSING = ConnectionPhase.DRAINING, ConnectionPhase.CLOSING
+_STREAMING = ResponseState.STREAMING
 
 
 @attrs.define(eq=False, repr=False)
@@ -219,17 +220,28 @@ class Connection:
                 except OSError:  # would block, interrupted, or the peer is gone
                     sent = 0
                 if sent < len(data):
-                    self._backlog = memoryview(data)[sent:] if sent else data
-                    self.congested = True
-                    self._writer_lot.unpark_all()
+                    self._keep_rest(data, sent)
                     return
             handler.flushed()
         except Exception:
-            log.exception("flushing a connection failed; the connection is closed")
-            self._scope.cancel()
+            self._flush_failed()
             return
         if handler.finished:
             self._writer_lot.unpark_all()  # the writer sees it and ends
+
+    def _keep_rest(self, data: bytes, sent: int) -> None:
+        """What the kernel did not take of a flush (``sent`` bytes of ``data``) becomes
+        the writer's backlog (flush_now, and the C release: native/flush.c).  Never raises."""
+        try:
+            self._backlog = memoryview(data)[sent:] if sent else data
+            self.congested = True
+            self._writer_lot.unpark_all()
+        except Exception:
+            self._flush_failed()
+
+    def _flush_failed(self) -> None:
+        log.exception("flushing a connection failed; the connection is closed")
+        self._scope.cancel()
 
     def set_read_deadline(self, deadline: float) -> None:
         if deadline == self._read_deadline:
@@ -469,3 +481,8 @@ class Connection:
 PURE_WAKE_WRITER = Connection.wake_writer
 if (_install := installer("install_wake_writer")) is not None:
     _install(Connection, WriteCoalescer, PURE_WAKE_WRITER)
+#: The pure ``WriteCoalescer.release``, the reference: its C twin replaces it where built
+#: (native/flush.c: an HTTP/1.1 connection's per-token chunk sent without Python).
+PURE_RELEASE = WriteCoalescer.release
+if (_install := installer("install_release")) is not None:
+    _install(WriteCoalescer, Connection, Http1Handler, Http1Response, socket.socket, _CLOSING, _STREAMING, PURE_RELEASE)
