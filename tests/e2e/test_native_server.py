@@ -3,6 +3,7 @@ and a streamed chat over every transport, h2load, and clients that leave mid-str
 
 from __future__ import annotations
 
+import collections
 import json
 from collections.abc import Callable
 
@@ -77,6 +78,38 @@ async def test_a_streamed_chat_runs_in_no_task_of_its_own(nursery: trio.Nursery,
             trio.lowlevel.remove_instrument(spawned)
     assert complete.json()["usage"]["completion_tokens"] == 5
     assert [name for name in spawned.names if name.startswith("llmsim.")] == ["llmsim.protocol.native.stream._answer"]
+
+
+class TaskSteps(trio.abc.Instrument):
+    """How many times each task (by name) ran while it is installed."""
+
+    def __init__(self) -> None:
+        self.steps: collections.Counter[str] = collections.Counter()
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.steps[task.name] += 1
+
+
+@pytest.mark.parametrize(("http1", "http2"), [(True, False), (False, True)], ids=["http1", "http2"])
+async def test_a_streamed_chat_wakes_no_writer_task(nursery: trio.Nursery, http1: bool, http2: bool) -> None:
+    """The connection's reader sends what a request makes it write (the head) at once,
+    with the write coalescer held across the handler's ``receive`` and released after
+    it, and the engine's task sends the tokens and the end: the connection's writer (its
+    main task, which runs ``Connection.run``) has nothing to do for a streamed chat."""
+    server = await start(nursery)
+    async with httpx.AsyncClient(http1=http1, http2=http2, base_url=server.url) as client:
+        assert (await client.get("/health")).status_code == 200  # the connection is set up
+        ran = TaskSteps()
+        trio.lowlevel.add_instrument(ran)
+        try:
+            for _ in range(3):
+                async with client.stream("POST", "/v1/chat/completions", json=CHAT) as chat:
+                    events = [line async for line in chat.aiter_lines() if line.startswith("data: ")]
+                assert events[-1] == "data: [DONE]"
+        finally:
+            trio.lowlevel.remove_instrument(ran)
+    assert ran.steps["llmsim.protocol.native.connection.Connection._read_loop"] >= 3  # (it saw the connection)
+    assert ran.steps["llmsim.protocol.native.server._NativeServer._serve_connection"] == 0
 
 
 async def test_pipelined_streamed_chats_are_answered_in_order(nursery: trio.Nursery) -> None:

@@ -86,7 +86,8 @@ class WriteCoalescer:
     task switch, park again: about 10 µs), and a paced load makes one per connection
     per engine step: 20,000 a second at 40 connections.  While :attr:`held`, a
     connection with something to send is only queued here; :meth:`release` (right
-    after the step, in the engine's task) sends every queued connection's batch.
+    after the step, in the engine's task) sends every queued connection's batch.  A
+    connection's reader holds it too, across each read's handling (``_hand_over``).
     """
 
     held: bool = False
@@ -357,8 +358,25 @@ class Connection:
             if not data:
                 self._peer_closed()
                 return True
-            self.handler.receive(data, self._arrived_at())
+            self._hand_over(data)
         return False
+
+    def _hand_over(self, data: bytes) -> None:
+        """Give ``data`` to the handler; what that makes it write (a response's head, a
+        SETTINGS or PING ACK, an error) is sent from here, at once, as the engine's task
+        sends a step's output: the coalescer held across the call, released after it.
+        Without that, every read that answers something woke the writer task, a trip
+        through trio's run loop per request (unpark, reschedule, switch, park again)."""
+        assert self.handler is not None
+        coalescer = self.coalescer
+        if coalescer is None or coalescer.held:
+            self.handler.receive(data, self._arrived_at())
+            return
+        coalescer.hold()
+        try:
+            self.handler.receive(data, self._arrived_at())
+        finally:
+            coalescer.release()
 
     def _arrived_at(self) -> float | None:
         """When the latest read's bytes reached this host (over TLS: the latest read of
