@@ -3,10 +3,10 @@
 ``llmsim._speedups`` (C, ``native/*.c``, built by ``pip install`` where a C compiler
 is; optional, see ``setup.py``) holds compiled twins of the functions every paced
 token goes through: the engine's step loop, the streaming sink's token case, the
-HTTP/2 and HTTP/1.1 writes, the connection's wake-up and the flush after a step.  Each layer installs its own
-twin when its module is imported (with the function :func:`installer` finds), and the
-pure-Python function stays the reference: the C code does what it does, for the cases
-it takes, and hands every other case to it.  docs/performance.md ("Issue 16, fourth
+HTTP/2 and HTTP/1.1 writes, the connection's wake-up and the flush after a step.  Each
+layer installs its own twin when its module is imported (with the function
+:func:`installer` finds), and the pure-Python function stays the reference: the C code
+does what it does, for the cases it takes, and hands every other case to it.  docs/performance.md ("Issue 16, fourth
 pass: the compiled per-token path") says why and what it saves.
 
 ``LLMSIM_PURE=1`` in the environment (read once, at import) keeps the pure path only;

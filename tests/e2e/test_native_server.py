@@ -44,6 +44,14 @@ async def test_health_models_and_a_streamed_chat(nursery: trio.Nursery, http1: b
     assert stats.requests_served == 3
 
 
+async def stream_chats(client: httpx.AsyncClient, count: int) -> None:
+    """``count`` streamed chats, one after the other, each read to its ``[DONE]``."""
+    for _ in range(count):
+        async with client.stream("POST", "/v1/chat/completions", json=CHAT) as chat:
+            events = [line async for line in chat.aiter_lines() if line.startswith("data: ")]
+        assert events[-1] == "data: [DONE]"
+
+
 class SpawnedTasks(trio.abc.Instrument):
     """The names of the tasks spawned while it is installed."""
 
@@ -65,10 +73,7 @@ async def test_a_streamed_chat_runs_in_no_task_of_its_own(nursery: trio.Nursery,
         spawned = SpawnedTasks()
         trio.lowlevel.add_instrument(spawned)
         try:
-            for _ in range(3):
-                async with client.stream("POST", "/v1/chat/completions", json=CHAT) as chat:
-                    events = [line async for line in chat.aiter_lines() if line.startswith("data: ")]
-                assert events[-1] == "data: [DONE]"
+            await stream_chats(client, 3)
             message = {"model": "sim-model", "messages": CHAT["messages"], "max_tokens": 5, "stream": True}
             async with client.stream("POST", "/v1/messages", json=message) as anthropic:
                 lines = [line async for line in anthropic.aiter_lines() if line.startswith("event: ")]
@@ -102,10 +107,7 @@ async def test_a_streamed_chat_wakes_no_writer_task(nursery: trio.Nursery, http1
         ran = TaskSteps()
         trio.lowlevel.add_instrument(ran)
         try:
-            for _ in range(3):
-                async with client.stream("POST", "/v1/chat/completions", json=CHAT) as chat:
-                    events = [line async for line in chat.aiter_lines() if line.startswith("data: ")]
-                assert events[-1] == "data: [DONE]"
+            await stream_chats(client, 3)
         finally:
             trio.lowlevel.remove_instrument(ran)
     assert ran.steps["llmsim.protocol.native.connection.Connection._read_loop"] >= 3  # (it saw the connection)
