@@ -488,9 +488,7 @@ def stream(
         ctx.engine.resume(job, ctx.clock())
 
     sink = StreamingSink(response, renderer, len(plan.choices), resume)
-    jobs = build_jobs(plan, sink, request_adapter())
-    submitted = SubmittedJobs(ctx.engine, jobs, ctx.clock, call.request.received_at, log=request_log(ctx, plan, jobs))
-    submitted.submit()
+    _, submitted = _submit(call, plan, sink)
     sink.on_end = submitted.leave if on_end is None else _both(submitted.leave, on_end)
     try:
         response.start(200, (*SSE_HEADERS, *headers))
@@ -519,6 +517,16 @@ async def stream_to_end(
         await ended.wait()
     finally:
         sink.stop()
+
+
+def _submit(call: Call, plan: GenerationPlan, sink: JobSink) -> tuple[list[Job], SubmittedJobs]:
+    """``plan``'s jobs for ``sink``, built and submitted (all or none), arriving when the
+    request's first bytes did; with what leaves them."""
+    ctx = call.ctx
+    jobs = build_jobs(plan, sink, request_adapter())
+    submitted = SubmittedJobs(ctx.engine, jobs, ctx.clock, call.request.received_at, log=request_log(ctx, plan, jobs))
+    submitted.submit()
+    return jobs, submitted
 
 
 def _both(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], None]:
@@ -550,15 +558,10 @@ class PendingJobs:
     __slots__ = ("_response", "_sink", "_submitted", "jobs")
 
     def __init__(self, call: Call, plan: GenerationPlan) -> None:
-        ctx = call.ctx
         self._response = call.response
         self._sink = sink = CollectingSink(len(plan.choices))
         #: The plan's jobs, in choice-index order (submitted; finished once ``finished`` returned).
-        self.jobs = jobs = build_jobs(plan, sink, request_adapter())
-        self._submitted = SubmittedJobs(
-            ctx.engine, jobs, ctx.clock, call.request.received_at, log=request_log(ctx, plan, jobs)
-        )
-        self._submitted.submit()
+        self.jobs, self._submitted = _submit(call, plan, sink)
         # The client went away: finished() returns (the jobs are cancelled on the way out).
         call.response.on_close(sink.done.set)
 
