@@ -23,24 +23,23 @@ reads no header for it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from functools import partial
 
 from llmsim.api.context import ApiContext, Call
-from llmsim.api.errors import JSON_HEADERS, ApiError
+from llmsim.api.errors import ApiError
 from llmsim.api.failures import check_injected_failure
 from llmsim.api.generate.logprobs import GenerateLogprobs
 from llmsim.api.generate.render import GenerateShape, GenerateStreamRenderer, generate_body
 from llmsim.api.generate.request import GenerateRequest, parse_generate_request
 from llmsim.api.generation import (
-    PendingJobs,
     RequestIdentity,
     check_job_count,
     check_output_volume,
+    respond_collected,
     stream,
     submit_collected,
 )
-from llmsim.api.http import Headers
 from llmsim.api.logprobs_limit import checked_logprobs
 from llmsim.api.plan import GenerationPlan, PromptPlan, output_cap, plan_text_choices
 from llmsim.api.prompts import check_prompt_length
@@ -50,6 +49,7 @@ from llmsim.api.stops import StopRule
 from llmsim.api.transfer import KvTransfer, ec_transfer_params, job_threshold
 from llmsim.api.turns import TurnPlan
 from llmsim.api.usage import UsageStyle
+from llmsim.engine.job import Job
 from llmsim.engine.kv_hashing import MultimodalItem
 
 __all__ = ["generate", "register"]
@@ -116,12 +116,11 @@ def generate(call: Call) -> Awaitable[None] | None:
         # an encoder pod's, per mm hash of the request's features (generate.go:86-89)
         ec_transfer_params=ec_transfer_params(ctx, _mm_hashes(request)),
     )
-    return _respond(call, pending, body, identity.headers)
 
+    def answer(*, jobs: list[Job]) -> bytes:  # (``created``: when the answer is made)
+        return body(created=int(ctx.wall_clock()), jobs=jobs)
 
-async def _respond(call: Call, pending: PendingJobs, body: Callable[..., bytes], headers: Headers) -> None:
-    jobs = await pending.finished()
-    call.respond(200, body(created=int(call.ctx.wall_clock()), jobs=jobs), (*JSON_HEADERS, *headers))
+    return respond_collected(call, pending, answer, identity.headers)
 
 
 def _check_serving_rules(request: GenerateRequest, max_num_seqs: int) -> None:

@@ -12,17 +12,15 @@ from __future__ import annotations
 from collections.abc import Awaitable
 
 from llmsim.api.context import Call
-from llmsim.api.errors import JSON_HEADERS
 from llmsim.api.failures import check_injected_failure
 from llmsim.api.generation import (
-    PendingJobs,
     RequestIdentity,
     check_job_count,
     check_output_volume,
+    respond_collected,
     stream,
     submit_collected,
 )
-from llmsim.api.http import Headers
 from llmsim.api.media import media_readers
 from llmsim.api.messages.render import (
     MessageShell,
@@ -42,7 +40,7 @@ from llmsim.api.router import ErrorStyle, Router
 from llmsim.api.stops import StopRule, finish_turn
 from llmsim.api.tool_support import planning_errors
 from llmsim.api.transfer import forced_cache_threshold, job_threshold
-from llmsim.api.turns import TurnPlan
+from llmsim.engine.job import Job
 from llmsim.model.tools import plan_tool_calls as plan_tool_calls_of
 
 __all__ = ["count_tokens", "create_message", "register"]
@@ -106,12 +104,13 @@ def create_message(call: Call) -> Awaitable[None] | None:
     if request.streaming:
         stream(call, generation, MessagesStreamRenderer(shell=shell, plan=plan), identity.headers)
         return None
-    return _respond(call, submit_collected(call, generation), shell, plan, identity.headers)
+    pending = submit_collected(call, generation)
 
+    def body(*, jobs: list[Job]) -> bytes:
+        [job] = jobs
+        return message_body(shell, plan, job)
 
-async def _respond(call: Call, pending: PendingJobs, shell: MessageShell, plan: TurnPlan, headers: Headers) -> None:
-    [job] = await pending.finished()
-    call.respond(200, message_body(shell, plan, job), (*JSON_HEADERS, *headers))
+    return respond_collected(call, pending, body, identity.headers)
 
 
 def _stop_rule(stop_sequences: tuple[str, ...] | None, streaming: bool) -> StopRule | None:
