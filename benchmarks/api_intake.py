@@ -130,7 +130,7 @@ class CountingResponse:
             callback()
 
 
-async def _answer(trio: Any, app: Any, request: Any, response: CountingResponse, ended: Any) -> None:
+async def _answer(app: Any, request: Any, response: CountingResponse, ended: Any) -> None:
     """Answer ``request`` as the native server does: ``app.start`` (llmsim's ``Api`` has
     it since issue 16's eighth pass) and the rest it leaves, else ``app.handle``; then
     wait for ``ended`` (the trio Event ``response``'s ``on_end`` sets)."""
@@ -173,7 +173,7 @@ def measure_cpu(scenario: str, requests: int, concurrency: int) -> float:
         async def one() -> None:
             ended = trio.Event()
             response = CountingResponse(on_end=ended.set)
-            await _answer(trio, sim.app, request, response, ended)
+            await _answer(sim.app, request, response, ended)
             assert response.status == 200 and response.ended, response.status
 
         async def worker() -> None:
@@ -219,7 +219,7 @@ def measure_intake(scenario: str, requests: int) -> float:
 
                     response = CountingResponse(started)
                     began[0] = time.process_time()
-                    await _answer(trio, sim.app, request, response, trio.Event())
+                    await _answer(sim.app, request, response, trio.Event())
                 response.disconnect()  # (after the start path, which the scope does not cancel)
             nursery.cancel_scope.cancel()
 

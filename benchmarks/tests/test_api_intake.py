@@ -41,7 +41,7 @@ def test_a_stream_goes_through_start_and_is_awaited_to_its_end() -> None:
             nursery.start_soon(sim.run_engine)
             ended = trio.Event()
             response = CountingResponse(on_end=ended.set)
-            await _answer(trio, sim.app, _request(*SCENARIOS["chat-stream-100"]), response, ended)
+            await _answer(sim.app, _request(*SCENARIOS["chat-stream-100"]), response, ended)
             nursery.cancel_scope.cancel()
         return response
 
