@@ -495,6 +495,28 @@ put_back(RunState *st, PyObject *due, Py_ssize_t next)
     error_restore(error);
 }
 
+/* The prefetch hints for the jobs after ``jobs[next]`` (speedups.h, "Prefetching"): the
+ * job LLMSIM_PREFETCH_AHEAD places on, and the links of its output nearer. */
+static void
+prefetch_ahead(PyObject *jobs, Py_ssize_t next)
+{
+    for (int ahead = 1; ahead <= LLMSIM_PREFETCH_AHEAD && next + ahead < PyList_GET_SIZE(jobs); ahead++) {
+        PyObject *job = PyList_GET_ITEM(jobs, next + ahead);
+        if (ahead == LLMSIM_PREFETCH_AHEAD) {
+            llmsim_prefetch(job, ((PyTypeObject *)job_type)->tp_basicsize);
+        } else if (Py_IS_TYPE(job, (PyTypeObject *)job_type)) {
+            PyObject *emitted = LLMSIM_SLOT(job, off_emitted);
+            Py_ssize_t start = emitted != NULL && PyLong_CheckExact(emitted) ? PyLong_AsSsize_t(emitted) : -1;
+            if (start == -1 && PyErr_Occurred()) {
+                PyErr_Clear(); /* (too large: no hint) */
+            }
+            if (start >= 0) {
+                llmsim_prefetch_output(job, start, ahead);
+            }
+        }
+    }
+}
+
 /* Engine._run(self, jobs, time, now, due, reach) */
 static PyObject *
 engine_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -512,6 +534,7 @@ engine_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kw
     Py_ssize_t next = 0; /* the list iterator's position */
     while (next < PyList_GET_SIZE(jobs)) {
         PyObject *job = PyList_GET_ITEM(jobs, next);
+        prefetch_ahead(jobs, next);
         next += 1;
         Py_INCREF(job);
         int result;

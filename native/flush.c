@@ -128,6 +128,62 @@ flush_one(PyObject *connection)
     return result;
 }
 
+/* How many queued connections one warm pass reads ahead. */
+#define WARM_WINDOW 16
+
+/* Bring ``pending[from:from + WARM_WINDOW]``'s objects into the cache before they are
+ * flushed (speedups.h, "Prefetching"): each connection's send(2) runs the loopback's
+ * receive in this thread and wakes the client, and evicts what was fetched for the next
+ * connections before it, so hints between sends were lost.  This reads, link by link
+ * and across the window, every object the per-token checks read (the Connection; its
+ * handler and socket; the handler's response and batch; the batch's chunk), with no
+ * call in between, so that the misses of the window's connections overlap. */
+static void
+warm_window(PyObject *pending, Py_ssize_t from)
+{
+    PyObject *handlers[WARM_WINDOW] = {NULL}, *outs[WARM_WINDOW] = {NULL};
+    Py_ssize_t count = PyList_GET_SIZE(pending) - from;
+    count = count < WARM_WINDOW ? count : WARM_WINDOW;
+    PyObject *const *connections = &PyList_GET_ITEM(pending, from);
+    /* (An object is read past its header only once its exact type is known.) */
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (Py_IS_TYPE(connections[i], twin.connection)) {
+            llmsim_touch(connections[i], twin.connection->tp_basicsize);
+        }
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (Py_IS_TYPE(connections[i], twin.connection)) {
+            PyObject *handler = LLMSIM_SLOT(connections[i], twin.handler_slot);
+            PyObject *direct = LLMSIM_SLOT(connections[i], twin.direct);
+            if (handler != NULL && Py_IS_TYPE(handler, twin.handler)) {
+                llmsim_touch(handler, twin.handler->tp_basicsize);
+                handlers[i] = handler;
+            }
+            if (direct != NULL) {
+                llmsim_touch(direct, sizeof(PyObject));
+            }
+        }
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (handlers[i] != NULL) {
+            PyObject *response = LLMSIM_SLOT(handlers[i], twin.response_slot);
+            PyObject *out = LLMSIM_SLOT(handlers[i], twin.out);
+            if (response != NULL && Py_IS_TYPE(response, twin.response)) {
+                llmsim_touch(response, twin.response->tp_basicsize);
+            }
+            if (out != NULL && PyList_CheckExact(out)) {
+                llmsim_touch(out, sizeof(PyListObject));
+                outs[i] = out;
+            }
+        }
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (outs[i] != NULL && PyList_GET_SIZE(outs[i]) > 0) {
+            llmsim_touch(PyList_GET_ITEM(outs[i], 0), sizeof(PyObject));
+        }
+    }
+}
+
 /* WriteCoalescer.release(self) */
 static PyObject *
 release(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -140,6 +196,9 @@ release(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnam
     Py_INCREF(pending);
     /* As ``for connection in pending``: the length read again at every turn. */
     for (Py_ssize_t index = 0; index < PyList_GET_SIZE(pending); index++) {
+        if (index % WARM_WINDOW == 0) {
+            warm_window(pending, index);
+        }
         PyObject *connection = Py_NewRef(PyList_GET_ITEM(pending, index));
         int flushed = flush_one(connection);
         Py_DECREF(connection);

@@ -40,6 +40,28 @@ static struct {
 /* Interned attribute names (made once, at module init). */
 static PyObject *s_congested, *s_wake_writer;
 
+/* Http1Response, as given to install_http1_write (NULL before). */
+static PyTypeObject *response_type;
+
+/* speedups.h: a write to ``response`` ``ahead`` places on (any ResponseStream; only an
+ * Http1Response's fields are read, once its type is checked): 2, the response; 1, its
+ * Http1Handler. */
+void
+llmsim_prefetch_h1_write(PyObject *response, int ahead)
+{
+    if (response_type == NULL) {
+        return;
+    }
+    if (ahead >= 2) {
+        llmsim_prefetch(response, response_type->tp_basicsize);
+        return;
+    }
+    PyObject *host = Py_IS_TYPE(response, response_type) ? LLMSIM_SLOT(response, twin.host) : NULL;
+    if (host != NULL && Py_IS_TYPE(host, (PyTypeObject *)twin.handler)) {
+        llmsim_prefetch(host, ((PyTypeObject *)twin.handler)->tp_basicsize);
+    }
+}
+
 /* The outcome of the C part: done (the chunk is in the batch), hand over to the pure
  * write (nothing changed), or an exception (from wake_writer, or out of memory). */
 enum { DONE = 1, HAND_OVER = 0, FAILED = -1 };
@@ -198,6 +220,7 @@ install_http1_write(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_XSETREF(twin.zero, zero);
     Py_XSETREF(twin.handler, Py_NewRef(args[1]));
+    Py_XSETREF(response_type, (PyTypeObject *)Py_NewRef(args[0]));
     Py_XSETREF(twin.streaming, Py_NewRef(args[2]));
     Py_XSETREF(twin.pure_write, Py_NewRef(args[3]));
     if (llmsim_install_method(args[0], &write_def) < 0) {

@@ -56,6 +56,28 @@ static struct {
 /* Interned attribute names (made once, at module init). */
 static PyObject *s_t, *s_congested, *s_wake_writer;
 
+/* Http2Stream, as given to install_http2_write (NULL before). */
+static PyTypeObject *stream_type;
+
+/* speedups.h: a write to ``response`` ``ahead`` places on (any ResponseStream; only an
+ * Http2Stream's fields are read, once its type is checked): 2, the stream; 1, h2's
+ * RequestStream of it. */
+void
+llmsim_prefetch_h2_write(PyObject *response, int ahead)
+{
+    if (stream_type == NULL) {
+        return;
+    }
+    if (ahead >= 2) {
+        llmsim_prefetch(response, stream_type->tp_basicsize);
+        return;
+    }
+    PyObject *h2stream = Py_IS_TYPE(response, stream_type) ? LLMSIM_SLOT(response, twin.h2stream) : NULL;
+    if (h2stream != NULL && h2.stream_class != NULL && Py_IS_TYPE(h2stream, h2.stream_class)) {
+        llmsim_prefetch(h2stream, h2.stream_class->tp_basicsize);
+    }
+}
+
 /* The outcome of the C part: done (the frame is in the batch), hand over to the pure
  * write (nothing changed), or an exception (from wake_writer, or out of memory). */
 enum { DONE = 1, HAND_OVER = 0, FAILED = -1 };
@@ -358,6 +380,7 @@ install_http2_write(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     for (size_t i = 0; i < 6; i++) {
         Py_XSETREF(*given[i], Py_NewRef(args[i + 1]));
     }
+    Py_XSETREF(stream_type, (PyTypeObject *)Py_NewRef(args[0]));
     if (llmsim_install_method(args[0], &write_def) < 0) {
         return NULL;
     }

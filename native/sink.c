@@ -31,7 +31,7 @@ static PyObject *escape_func;    /* sse.escape */
 static PyObject *pure_on_output; /* generation.PURE_ON_OUTPUT */
 
 static Py_ssize_t ended_offset, opens_offset, close_offset, response_offset; /* StreamingSink */
-static Py_ssize_t state_offset, output_offset, index_offset;                 /* Job */
+static Py_ssize_t state_offset, output_offset, index_offset, sink_offset;    /* Job */
 
 static PyObject *write_name, *pause_name, *rendering_failed_name, *join_name; /* interned */
 
@@ -298,6 +298,64 @@ write_token(PyObject *self, PyObject *job, PyObject *response, PyObject *data)
     Py_RETURN_FALSE;
 }
 
+/* items[index] of an exact list, borrowed, or NULL (for a hint: no type checked but the list's). */
+static PyObject *
+list_item(PyObject *items, Py_ssize_t index)
+{
+    return items != NULL && PyList_CheckExact(items) && index < PyList_GET_SIZE(items) ? PyList_GET_ITEM(items, index)
+                                                                                       : NULL;
+}
+
+/* speedups.h: the links of a token case's objects, ``ahead`` places before ``job``
+ * (a Job of the engine's; its fields are read without a check of their own type only to
+ * be prefetched). */
+void
+llmsim_prefetch_output(PyObject *job, Py_ssize_t start, int ahead)
+{
+    if (sink_type == NULL || !Py_IS_TYPE(job, job_type)) {
+        return; /* (the sink's twin is not installed: its offsets are not known) */
+    }
+    PyObject *sink = LLMSIM_SLOT(job, sink_offset);
+    PyObject *output = LLMSIM_SLOT(job, output_offset);
+    if (sink == NULL || output == NULL) {
+        return;
+    }
+    if (ahead >= 3) {
+        llmsim_prefetch(sink, sink_type->tp_basicsize);
+        llmsim_prefetch(output, sizeof(PyListObject));
+        return;
+    }
+    if (!Py_IS_TYPE(sink, sink_type)) {
+        return;
+    }
+    PyObject *response = LLMSIM_SLOT(sink, response_offset);
+    PyObject *opens = LLMSIM_SLOT(sink, opens_offset);
+    PyObject *close = LLMSIM_SLOT(sink, close_offset);
+    if (response == NULL || opens == NULL || close == NULL) {
+        return;
+    }
+    if (ahead == 2) {
+        llmsim_prefetch_h1_write(response, ahead);
+        llmsim_prefetch_h2_write(response, ahead);
+        llmsim_prefetch(opens, sizeof(PyTupleObject));
+        llmsim_prefetch(close, 64);
+        if (PyList_CheckExact(output) && start < PyList_GET_SIZE(output)) {
+            llmsim_prefetch(&PyList_GET_ITEM(output, start), sizeof(PyObject *));
+        }
+        return;
+    }
+    llmsim_prefetch_h1_write(response, ahead);
+    llmsim_prefetch_h2_write(response, ahead);
+    PyObject *open = sequence_item(opens, small_index(LLMSIM_SLOT(job, index_offset)));
+    PyObject *text = list_item(output, start);
+    if (open != NULL) {
+        llmsim_prefetch(open, 64);
+    }
+    if (text != NULL) {
+        llmsim_prefetch(text, 64);
+    }
+}
+
 /* StreamingSink.on_output(self, job, start, stop, now) -> bool (generation.py). */
 static PyObject *
 sink_on_output(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -342,14 +400,14 @@ static int
 find_offsets(PyObject *sink_cls, PyObject *job_cls)
 {
     static const char *const sink_fields[] = {"_ended", "_token_opens", "_token_close", "_response"};
-    static const char *const job_fields[] = {"state", "output", "index"};
+    static const char *const job_fields[] = {"state", "output", "index", "sink"};
     Py_ssize_t *const sink_offsets[] = {&ended_offset, &opens_offset, &close_offset, &response_offset};
-    Py_ssize_t *const job_offsets[] = {&state_offset, &output_offset, &index_offset};
+    Py_ssize_t *const job_offsets[] = {&state_offset, &output_offset, &index_offset, &sink_offset};
     Py_ssize_t saved[4] = {ended_offset, opens_offset, close_offset, response_offset};
     if (llmsim_slot_offsets(sink_cls, sink_fields, sink_offsets, 4) < 0) {
         return -1;
     }
-    if (llmsim_slot_offsets(job_cls, job_fields, job_offsets, 3) < 0) {
+    if (llmsim_slot_offsets(job_cls, job_fields, job_offsets, 4) < 0) {
         ended_offset = saved[0], opens_offset = saved[1], close_offset = saved[2], response_offset = saved[3];
         return -1;
     }

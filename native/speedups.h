@@ -47,6 +47,52 @@ typedef struct {
 /* Intern ``count`` names (each one still unset); 0, or -1 with an exception. */
 int llmsim_intern_names(const llmsim_name *names, size_t count);
 
+/* --- Prefetching ------------------------------------------------------------------
+ * A paced engine step visits every stream's objects once per inter-token latency: on a
+ * busy machine they have left the caches by then, and the per-token C code waited on one
+ * miss after the other, each object reached through the one before it (a job, its sink,
+ * the sink's response, the response's handler...).  The loops over a step's jobs
+ * (engine_run.c) and over the connections to flush (flush.c) therefore ask for the
+ * objects of the entries a few places ahead, one link of the chain further per place
+ * nearer, so that each miss overlaps the work on the current entry.  A hint reads only
+ * the fields of objects whose exact type it has checked (a prefetch itself never faults),
+ * calls no Python code, changes nothing and cannot fail: it has no effect but on time
+ * (docs/performance.md, "Issue 16, tenth pass"). */
+
+/* Ask for the cache lines of ``size`` bytes from ``address``. */
+static inline void
+llmsim_prefetch(const void *address, Py_ssize_t size)
+{
+    for (Py_ssize_t at = 0; at < size; at += 64) {
+        __builtin_prefetch((const char *)address + at, 1, 3);
+    }
+}
+
+/* Read the cache lines of ``size`` bytes from ``address`` (a load each, kept by the
+ * compiler: unlike a prefetch, it is never dropped). */
+static inline void
+llmsim_touch(const void *address, Py_ssize_t size)
+{
+    for (Py_ssize_t at = 0; at < size; at += 64) {
+        __asm__ volatile("" : : "r"(*(const volatile char *)((const char *)address + at)));
+    }
+}
+
+/* How many places ahead the loops start a chain: its links are taken one per place. */
+#define LLMSIM_PREFETCH_AHEAD 4
+
+/* sink.c: for ``job``'s next output (tokens from ``start``) through its StreamingSink,
+ * the link ``ahead`` places before the job is reached (3: the sink and the output list;
+ * 2: the response, the event's parts, the output's entry; 1: the response's own next
+ * link, the event's opening and the token's text). */
+void llmsim_prefetch_output(PyObject *job, Py_ssize_t start, int ahead);
+
+/* h1_write.c and h2_write.c: for a write to ``response`` ``ahead`` places on, if it is
+ * their protocol's (2: the response; 1: the handler of an HTTP/1.1 response, h2's
+ * stream of an HTTP/2 one). */
+void llmsim_prefetch_h1_write(PyObject *response, int ahead);
+void llmsim_prefetch_h2_write(PyObject *response, int ahead);
+
 #define LLMSIM_COUNT(array) (sizeof(array) / sizeof((array)[0]))
 
 /* Make ``def`` a method of the class ``cls`` (a method descriptor, as a method of a

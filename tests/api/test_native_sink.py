@@ -9,8 +9,10 @@ import contextlib
 import gc
 import itertools
 import logging
+import random
 import sys
 import tracemalloc
+import types
 from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 from typing import Any
@@ -24,9 +26,13 @@ from llmsim.api.chat.render import ChatStreamRenderer
 from llmsim.api.completions.render import CompletionStreamRenderer
 from llmsim.api.generation import PURE_ON_OUTPUT, StreamingSink, StreamRenderer
 from llmsim.api.sse import PlainTokens
+from llmsim.config import Config
+from llmsim.engine import Engine
 from llmsim.engine.job import Job, JobState
+from llmsim.engine.scheduler import PURE_RUN
 from llmsim.speedups import NATIVE
 from tests.api.fakes import EngineRun, make_job
+from tests.protocol.native.test_http1_fastpath import Wire, streaming
 
 pytestmark = pytest.mark.skipif(NATIVE is None, reason="llmsim._speedups is not built (or LLMSIM_PURE=1)")
 
@@ -548,3 +554,64 @@ def test_the_failure_path_does_not_leak(monkeypatch: pytest.MonkeyPatch) -> None
     gc.collect()
     assert [sys.getrefcount(obj) for obj in (sink, job, response, error)] == before
     assert sink._ended
+
+
+# --- the C engine loop's prefetch hints ------------------------------------------------
+
+
+class ScriptedSink:
+    """A sink of another kind: it records and accepts."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []
+
+    def on_output(self, job: Job, start: int, stop: int, now: float) -> bool:
+        self.calls.append((start, stop))
+        return True
+
+
+def mixed_bucket() -> tuple[list[Job], Callable[[], object]]:
+    """Jobs of every kind the C engine loop reads ahead through for its prefetch hints
+    (native/engine_run.c ``prefetch_ahead``, sink.c ``llmsim_prefetch_output``, the
+    h1/h2 write hints): StreamingSinks on recording responses and on a real HTTP/1.1
+    response, outputs as tuples and lists, a choice index too large for any tuple, sinks
+    of another kind; and what they all wrote, to compare."""
+    handler, http1_stream = streaming(Wire())
+    jobs: list[Job] = []
+    recorded: list[Any] = []
+    pieces = tuple(f" t{number}" for number in range(12))
+    for number in range(16):
+        kind = number % 4
+        if kind == 3:
+            scripted = ScriptedSink()
+            jobs.append(make_job(scripted, pieces))  # type: ignore[arg-type]
+            recorded.append(scripted.calls)
+            continue
+        recording = RecordingResponse()
+        sink = new_sink(http1_stream if number == 1 else recording, chat(2), 1)
+        job = make_job(sink, pieces, index=2**70 if kind == 2 else number % 2)
+        if kind == 1:
+            job.output = list(pieces)
+        jobs.append(job)
+        recorded.append(recording.calls)
+    return jobs, lambda: (recorded, http1_stream.state, handler.outgoing())
+
+
+async def test_the_engine_loops_prefetch_hints_change_nothing() -> None:
+    """The same steps over the same mixed bucket, by the C engine loop (which reads ahead
+    for its hints) and by the pure one, write the same bytes and leave every job alike."""
+    outcomes = []
+    for native in (True, False):
+        config = Config(time_to_first_token=0.01, inter_token_latency=0.01)
+        engine = Engine(config.engine, config.latency, rng=random.Random(3))
+        if not native:  # the instance attribute shadows the class's (C) method
+            engine._run = types.MethodType(PURE_RUN, engine)  # type: ignore[method-assign]
+        jobs, written = mixed_bucket()
+        for job in jobs:
+            engine.submit(job, 0.0)
+        while engine.statistics().running:
+            engine.step(engine.next_deadline())
+        outcomes.append((written(), [(job.state, job.emitted) for job in jobs]))
+    assert outcomes[0] == outcomes[1]
+    assert {state for state, _ in outcomes[0][1]} == {JobState.FINISHED}
+    assert b"data: " in outcomes[0][0][2]  # the HTTP/1.1 response streamed its tokens

@@ -297,6 +297,40 @@ async def test_a_connection_queued_during_the_release_is_flushed_by_it(pair: Any
             extra.close()
 
 
+#: What each connection of a mixed queue has to send (the release reads ahead through the
+#: queue for its prefetch hints: native/flush.c ``prefetch_ahead``).
+MIXED: list[Callable[[Side], object]] = [
+    lambda side: side.stream.write(TOKEN),
+    lambda side: setattr(side.connection, "handler", None),
+    lambda side: [side.stream.write(TOKEN), side.ours.close()],
+    lambda side: side.stream.write(b"x" * (LOW_WATER + 1)),
+    lambda side: [side.stream.write(TOKEN), side.stream.end()],
+    lambda side: [side.stream.write(TOKEN), setattr(side.connection, "_sending", True)],
+    lambda side: [side.stream.write(TOKEN), side.handler._out.append(b"3\r\nabc\r\n")],
+]
+
+
+async def test_a_mixed_queue_is_released_as_the_pure_release_does() -> None:
+    """One coalescer's queue of connections of every kind, in turn with per-token ones:
+    each twin releases its own copy in one call, and every connection ends alike."""
+    outcomes = []
+    for release in (PURE_RELEASE, NATIVE_RELEASE):
+        coalescer = WriteCoalescer()
+        prepares = [step for prepare in MIXED for step in (prepare, MIXED[0])] * 2
+        sides = [Side(release, coalescer=coalescer) for _ in prepares]
+        try:
+            for side, prepare in zip(sides, prepares, strict=True):
+                prepare(side)
+                side.queue()
+            release(coalescer)
+            outcomes.append([(side.received(), side.seen()) for side in sides])
+        finally:
+            for side in sides:
+                side.close()
+    assert outcomes[0] == outcomes[1]
+    assert sum(received == chunk(TOKEN) for received, _ in outcomes[1]) >= len(MIXED) * 2
+
+
 async def test_no_reference_or_memory_is_leaked(pair: Any) -> None:
     _, native = pair()
     made, coalescer, handler, stream = native.connection, native.coalescer, native.handler, native.stream
