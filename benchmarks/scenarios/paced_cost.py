@@ -16,7 +16,10 @@ Then (:mod:`.paced_intake`) request intake in process, and (:mod:`.paced_latency
 latency error at 2,000 HTTP/2 streams and at low load, against the paced blaster too.
 
 ``--against DIR`` runs the same server from another llmsim checkout (``git worktree add
-/tmp/base HEAD~1``) beside this one, loads interleaved, for a before/after table.
+/tmp/base HEAD~1``) beside this one, loads interleaved, for a before/after table.  At the
+HTTP/1.1 loads :mod:`benchmarks.floor`'s C pacer runs beside them too (where a C compiler
+is): one ``send()`` per token per connection and nothing else, the floor the issue names,
+measured in the same run ("x floor" = llmsim / floor).
 
     python -m benchmarks paced_cost [--quick] [--rounds N] [--against DIR]
 """
@@ -40,6 +43,7 @@ import attrs
 import orjson
 import psutil
 
+from benchmarks import floor
 from benchmarks.external import parse_h2load, shell
 from benchmarks.loadgen.records import chat_body
 from benchmarks.loadgen.runner import runnable_seconds
@@ -63,7 +67,7 @@ LATE_SHARE = 0.15
 #: Goals in µs of server CPU per paced token (issue 16), by HTTP/2?
 GOALS = {True: 4.5, False: 9.0}
 INTAKE_GOAL_US, STREAM_GOAL_BYTES = 100.0, 20_000
-NEW, OLD = "this checkout", "--against"
+NEW, OLD, FLOOR = "this checkout", "--against", "floor (C pacer)"
 FLAGS = (
     *("--server", "native", "--max-num-seqs", "12000", "--max-waiting-queue-length", "12000"),
     *("--max-concurrent-streams", "1000"),
@@ -266,13 +270,18 @@ def run(options: Options) -> dict[str, Any]:
     _fd_limit_check(max(load.connections for load in LOADS) * 12 // 10 + 100)
     options.log_dir.mkdir(parents=True, exist_ok=True)
     samples: list[dict[str, Any]] = []
+    floor_spec = floor.h1_pacer(FLOOR, options.log_dir / "floor", TTFT, ITL)
+    if floor_spec is None:
+        print("no C compiler: the HTTP/1.1 floor (benchmarks.floor) is not measured", file=sys.stderr)
     with ExitStack() as stack:
         servers = [stack.enter_context(running(paced_server(name, path), options.log_dir)) for name, path in sources]
+        floors = [] if floor_spec is None else [stack.enter_context(running(floor_spec, options.log_dir))]
         for round_index in range(rounds):
             for load in LOADS:
+                serving = servers if load.http2 else [*servers, *floors]
                 for tokens in (SHORT, LONG):
-                    # Alternate which server goes first, so neither always follows the other.
-                    for server in servers if round_index % 2 == 0 else reversed(servers):
+                    # Alternate which server goes first, so none always follows another.
+                    for server in serving if round_index % 2 == 0 else reversed(serving):
                         row = measure_cost(server, load, tokens, window, options.log_dir)
                         samples.append({"round": round_index, "server": server.spec.name, **row})
                         print(
@@ -341,13 +350,12 @@ def _medians(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row["h2load_errors"] = sum(g["h2load_errors"] for g in group)
         row["instances_ended_early"] = sum(g["instances_ended_early"] for g in group)
         rows.append(row)
-    old = {(r["load"], r["max_tokens"]): r for r in rows if r["server"] == OLD}
-    for row in rows:
-        base = old.get((row["load"], row["max_tokens"]))
-        if base is None or row["server"] == OLD:
-            row["ratio_to_against"] = math.nan
-        else:
-            row["ratio_to_against"] = ratio(row["us_per_token"], base["us_per_token"])
+    for key, name in (("ratio_to_against", OLD), ("ratio_to_floor", FLOOR)):
+        bases = {(r["load"], r["max_tokens"]): r for r in rows if r["server"] == name}
+        for row in rows:
+            base = bases.get((row["load"], row["max_tokens"]))
+            mine = base is None or row["server"] in (name, FLOOR)
+            row[key] = math.nan if mine else ratio(row["us_per_token"], base["us_per_token"])
     return rows
 
 
@@ -390,13 +398,14 @@ def _intake(sources: list[tuple[str, Path]], quick: bool) -> list[dict[str, Any]
 def _print(rows: list[dict[str, Any]], split: list[dict[str, Any]], intake: list[dict[str, Any]]) -> None:
     print_table(
         f"server CPU per paced token (TTFT {TTFT * 1000:g} ms, ITL {ITL * 1000:g} ms, h2load; counts from /metrics;"
-        " medians over rounds; x before = this / --against)",
+        " medians over rounds; x before = this / --against; x floor = this / the C pacer)",
         [
             "server",
             "load",
             "tok/req",
             "µs/token",
             "x before",
+            "x floor",
             "user µs",
             "sys µs",
             "tok/s",
@@ -413,6 +422,7 @@ def _print(rows: list[dict[str, Any]], split: list[dict[str, Any]], intake: list
                 r["max_tokens"],
                 r["us_per_token"],
                 r["ratio_to_against"],
+                r["ratio_to_floor"],
                 r["user_us_per_token"],
                 r["sys_us_per_token"],
                 r["tokens_per_second"],

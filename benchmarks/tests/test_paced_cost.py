@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import math
 import resource
 import shutil
@@ -13,6 +14,7 @@ from types import SimpleNamespace
 import attrs
 import pytest
 
+from benchmarks import floor
 from benchmarks.scenarios import paced_cost, paced_intake
 from benchmarks.scenarios.paced_cost import (
     ROOT,
@@ -101,6 +103,24 @@ def test_rows_are_medians_with_the_ratio_to_the_other_checkout() -> None:
     assert math.isnan(rows[paced_cost.OLD, 400]["ratio_to_against"])
 
 
+def test_rows_have_the_ratio_to_the_floor_where_it_ran() -> None:
+    samples = [
+        {**_sample(0, server, 100, us), "load": load}
+        for server, us, load in (
+            (paced_cost.OLD, 18.0, "h1 1000"),
+            (paced_cost.NEW, 12.0, "h1 1000"),
+            (paced_cost.FLOOR, 8.0, "h1 1000"),
+            (paced_cost.NEW, 4.0, "h2 20x50"),
+        )
+    ]
+    rows = {(row["server"], row["load"]): row for row in paced_cost._medians(samples)}
+    assert rows[paced_cost.NEW, "h1 1000"]["ratio_to_floor"] == pytest.approx(1.5)
+    assert rows[paced_cost.OLD, "h1 1000"]["ratio_to_floor"] == pytest.approx(2.25)
+    assert math.isnan(rows[paced_cost.FLOOR, "h1 1000"]["ratio_to_floor"])
+    assert math.isnan(rows[paced_cost.FLOOR, "h1 1000"]["ratio_to_against"])
+    assert math.isnan(rows[paced_cost.NEW, "h2 20x50"]["ratio_to_floor"])  # no floor at HTTP/2
+
+
 def test_split_rows_are_solved_per_round() -> None:
     samples = [{**_sample(0, paced_cost.NEW, tokens, 0.0), "us_per_token": 2.0 + 600 / tokens} for tokens in (100, 400)]
     [row] = paced_cost._split(samples)
@@ -167,6 +187,30 @@ def test_tiny_paced_run_over_both_protocols(tmp_path: Path) -> None:
             ideal = load.concurrency * 10 / (0.1 + 9 * 0.02)
             assert 0.5 * ideal < row["tokens_per_second"] < 1.2 * ideal
             assert 0 < row["us_per_token"] < math.inf and row["requests"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("h2load") is None, reason="h2load (nghttp2-client) not installed")
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler")
+def test_tiny_paced_run_of_the_floor(tmp_path: Path) -> None:
+    """The C pacer (benchmarks.floor) serves what h2load asks at its pace, its /metrics count
+    every token and request, and a stream is what llmsim sends: chunks, then [DONE]."""
+    spec = floor.h1_pacer(paced_cost.FLOOR, tmp_path, paced_cost.TTFT, paced_cost.ITL)
+    assert spec is not None
+    with running(spec, tmp_path) as server:
+        load = Load("h1 4", False, 4, 1)
+        row = measure_cost(server, load, 10, 0.5, tmp_path)
+        assert row["h2load_errors"] == 0 and row["h2load_succeeded"] > 0
+        ideal = load.concurrency * 10 / (0.1 + 9 * 0.02)
+        assert 0.5 * ideal < row["tokens_per_second"] < 1.2 * ideal
+        assert row["requests"] > 0 and row["tokens"] == pytest.approx(10 * row["requests"], abs=40)
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        connection.request("POST", "/v1/chat/completions", b'{"max_tokens": 3}')
+        response = connection.getresponse()
+        body = response.read()
+        connection.close()
+    assert response.status == 200 and response.getheader("transfer-encoding") == "chunked"
+    assert body.count(b"data: {") == 3 and body.endswith(b"data: [DONE]\n\n")
 
 
 def test_module_runs_alone(tmp_path: Path) -> None:
