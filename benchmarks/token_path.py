@@ -91,6 +91,20 @@ class Connection:
         self.handler.flushed()
 
 
+def paced_config(seed: int | None = None) -> Config:
+    """The simulator of the in-process drivers: TTFT 100 ms, ITL 20 ms, room for every stream."""
+    return Config(
+        seed=seed,
+        port=0,
+        model="bench-model",
+        time_to_first_token=TTFT,
+        inter_token_latency=ITL,
+        max_num_seqs=12_000,
+        max_waiting_queue_length=12_000,
+        max_concurrent_streams=1_000,
+    )
+
+
 def h2_requests(count: int, max_tokens: int) -> tuple[bytes, list[bytes]]:
     """The client's preface (windows opened wide) and ``count`` requests, in order."""
     client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
@@ -140,16 +154,7 @@ def run_once(
     ``digest``: a seeded simulator with a fixed wall clock, and ``result["digest"]`` the SHA-256 of every
     connection's output in turn: the same bytes whichever code path made them
     (tests/test_speedups.py compares the compiled twins with the pure path by it)."""
-    config = Config(
-        seed=7 if digest else None,
-        port=0,
-        model="bench-model",
-        time_to_first_token=TTFT,
-        inter_token_latency=ITL,
-        max_num_seqs=12_000,
-        max_waiting_queue_length=12_000,
-        max_concurrent_streams=1_000,
-    )
+    config = paced_config(seed=7 if digest else None)
     lifetime = TTFT + (max_tokens - 1) * ITL
     interval = lifetime / streams
     per_connection = -(-requests // connections)
