@@ -162,8 +162,9 @@ def paced_cost(payload: dict[str, Any], path: Path) -> None:
     width = 0.8 / len(servers)
     for index, server in enumerate(servers):
         mine = {r["load"]: r for r in rows if r["server"] == server}
-        xs = [i + (index - (len(servers) - 1) / 2) * width for i in range(len(loads))]
-        values = [mine[load]["us_per_token"] if load in mine else 0 for load in loads]
+        present = [i for i, load in enumerate(loads) if load in mine]  # (the floor runs at HTTP/1.1 only)
+        xs = [i + (index - (len(servers) - 1) / 2) * width for i in present]
+        values = [mine[loads[i]]["us_per_token"] for i in present]
         bars = left.bar(xs, values, width, label=server)
         left.bar_label(bars, [f"{value:.1f}" for value in values], fontsize=8)
     for load_index, load in enumerate(loads):
