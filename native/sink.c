@@ -346,7 +346,8 @@ llmsim_prefetch_output(PyObject *job, Py_ssize_t start, int ahead)
     }
     llmsim_prefetch_h1_write(response, ahead);
     llmsim_prefetch_h2_write(response, ahead);
-    PyObject *open = sequence_item(opens, small_index(LLMSIM_SLOT(job, index_offset)));
+    PyObject *index = LLMSIM_SLOT(job, index_offset);
+    PyObject *open = index == NULL ? NULL : sequence_item(opens, small_index(index));
     PyObject *text = list_item(output, start);
     if (open != NULL) {
         llmsim_prefetch(open, 64);
