@@ -354,8 +354,8 @@ def _medians(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
         bases = {(r["load"], r["max_tokens"]): r for r in rows if r["server"] == name}
         for row in rows:
             base = bases.get((row["load"], row["max_tokens"]))
-            mine = base is None or row["server"] in (name, FLOOR)
-            row[key] = math.nan if mine else ratio(row["us_per_token"], base["us_per_token"])
+            unrelated = base is None or row["server"] in (name, FLOOR)  # (the floor has neither ratio)
+            row[key] = math.nan if unrelated else ratio(row["us_per_token"], base["us_per_token"])
     return rows
 
 
