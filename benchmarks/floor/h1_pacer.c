@@ -188,7 +188,8 @@ take_requests(connection *c, int64_t arrived)
             }
         } else {
             char *tokens = strstr(c->input + head, "\"max_tokens\"");
-            long count = tokens == NULL ? 16 : strtol(strchr(tokens, ':') + 1, NULL, 10);
+            char *colon = tokens == NULL ? NULL : strchr(tokens, ':');
+            long count = colon == NULL ? 16 : strtol(colon + 1, NULL, 10);
             c->tokens_left = count > 0 ? count : 1;
             c->streaming = 1;
             c->due = on_grid(arrived + ttft_ns);
