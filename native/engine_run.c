@@ -505,14 +505,7 @@ prefetch_ahead(PyObject *jobs, Py_ssize_t next)
         if (ahead == LLMSIM_PREFETCH_AHEAD) {
             llmsim_prefetch(job, ((PyTypeObject *)job_type)->tp_basicsize);
         } else if (Py_IS_TYPE(job, (PyTypeObject *)job_type)) {
-            PyObject *emitted = LLMSIM_SLOT(job, off_emitted);
-            Py_ssize_t start = emitted != NULL && PyLong_CheckExact(emitted) ? PyLong_AsSsize_t(emitted) : -1;
-            if (start == -1 && PyErr_Occurred()) {
-                PyErr_Clear(); /* (too large: no hint) */
-            }
-            if (start >= 0) {
-                llmsim_prefetch_output(job, start, ahead);
-            }
+            llmsim_prefetch_output(job, LLMSIM_SLOT(job, off_emitted), ahead);
         }
     }
 }

@@ -29,10 +29,11 @@
 /* What install_http1_write was given (strong references) and the slot offsets of the
  * response's fields and of its host's. */
 static struct {
-    PyObject *handler;    /* http1.py:Http1Handler */
-    PyObject *pure_write; /* http1.py:PURE_WRITE */
-    PyObject *streaming;  /* ResponseState.STREAMING */
-    PyObject *zero;       /* the int 0 (a small int: every 0 the interpreter makes is it) */
+    PyTypeObject *response; /* native_h1.py:Http1Response */
+    PyObject *handler;      /* http1.py:Http1Handler */
+    PyObject *pure_write;   /* http1.py:PURE_WRITE */
+    PyObject *streaming;    /* ResponseState.STREAMING */
+    PyObject *zero;         /* the int 0 (a small int: every 0 the interpreter makes is it) */
     Py_ssize_t chunked, state, buffered, frame_at_once, host, low_water; /* Http1Response */
     Py_ssize_t out, t, framed;                                          /* Http1Handler */
 } twin;
@@ -40,23 +41,20 @@ static struct {
 /* Interned attribute names (made once, at module init). */
 static PyObject *s_congested, *s_wake_writer;
 
-/* Http1Response, as given to install_http1_write (NULL before). */
-static PyTypeObject *response_type;
-
 /* speedups.h: a write to ``response`` ``ahead`` places on (any ResponseStream; only an
  * Http1Response's fields are read, once its type is checked): 2, the response; 1, its
  * Http1Handler. */
 void
 llmsim_prefetch_h1_write(PyObject *response, int ahead)
 {
-    if (response_type == NULL) {
+    if (twin.response == NULL) {
         return;
     }
     if (ahead >= 2) {
-        llmsim_prefetch(response, response_type->tp_basicsize);
+        llmsim_prefetch(response, twin.response->tp_basicsize);
         return;
     }
-    PyObject *host = Py_IS_TYPE(response, response_type) ? LLMSIM_SLOT(response, twin.host) : NULL;
+    PyObject *host = Py_IS_TYPE(response, twin.response) ? LLMSIM_SLOT(response, twin.host) : NULL;
     if (host != NULL && Py_IS_TYPE(host, (PyTypeObject *)twin.handler)) {
         llmsim_prefetch(host, ((PyTypeObject *)twin.handler)->tp_basicsize);
     }
@@ -220,7 +218,7 @@ install_http1_write(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_XSETREF(twin.zero, zero);
     Py_XSETREF(twin.handler, Py_NewRef(args[1]));
-    Py_XSETREF(response_type, (PyTypeObject *)Py_NewRef(args[0]));
+    Py_XSETREF(twin.response, (PyTypeObject *)Py_NewRef(args[0]));
     Py_XSETREF(twin.streaming, Py_NewRef(args[2]));
     Py_XSETREF(twin.pure_write, Py_NewRef(args[3]));
     if (llmsim_install_method(args[0], &write_def) < 0) {

@@ -32,6 +32,7 @@
 /* What install_http2_write was given (strong references) and the slot offsets of the
  * stream's fields and of the handler's (Http2Handler and Http2Output have __slots__). */
 static struct {
+    PyTypeObject *stream_class;   /* h2_stream.py:Http2Stream */
     PyObject *handler_class;      /* http2.py:Http2Handler */
     PyObject *pure_write;         /* http2.py:PURE_WRITE */
     PyObject *streaming;          /* ResponseState.STREAMING */
@@ -56,23 +57,20 @@ static struct {
 /* Interned attribute names (made once, at module init). */
 static PyObject *s_t, *s_congested, *s_wake_writer;
 
-/* Http2Stream, as given to install_http2_write (NULL before). */
-static PyTypeObject *stream_type;
-
 /* speedups.h: a write to ``response`` ``ahead`` places on (any ResponseStream; only an
  * Http2Stream's fields are read, once its type is checked): 2, the stream; 1, h2's
  * RequestStream of it. */
 void
 llmsim_prefetch_h2_write(PyObject *response, int ahead)
 {
-    if (stream_type == NULL) {
+    if (twin.stream_class == NULL) {
         return;
     }
     if (ahead >= 2) {
-        llmsim_prefetch(response, stream_type->tp_basicsize);
+        llmsim_prefetch(response, twin.stream_class->tp_basicsize);
         return;
     }
-    PyObject *h2stream = Py_IS_TYPE(response, stream_type) ? LLMSIM_SLOT(response, twin.h2stream) : NULL;
+    PyObject *h2stream = Py_IS_TYPE(response, twin.stream_class) ? LLMSIM_SLOT(response, twin.h2stream) : NULL;
     if (h2stream != NULL && h2.stream_class != NULL && Py_IS_TYPE(h2stream, h2.stream_class)) {
         llmsim_prefetch(h2stream, h2.stream_class->tp_basicsize);
     }
@@ -380,7 +378,7 @@ install_http2_write(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     for (size_t i = 0; i < 6; i++) {
         Py_XSETREF(*given[i], Py_NewRef(args[i + 1]));
     }
-    Py_XSETREF(stream_type, (PyTypeObject *)Py_NewRef(args[0]));
+    Py_XSETREF(twin.stream_class, (PyTypeObject *)Py_NewRef(args[0]));
     if (llmsim_install_method(args[0], &write_def) < 0) {
         return NULL;
     }

@@ -298,19 +298,11 @@ write_token(PyObject *self, PyObject *job, PyObject *response, PyObject *data)
     Py_RETURN_FALSE;
 }
 
-/* items[index] of an exact list, borrowed, or NULL (for a hint: no type checked but the list's). */
-static PyObject *
-list_item(PyObject *items, Py_ssize_t index)
-{
-    return items != NULL && PyList_CheckExact(items) && index < PyList_GET_SIZE(items) ? PyList_GET_ITEM(items, index)
-                                                                                       : NULL;
-}
-
 /* speedups.h: the links of a token case's objects, ``ahead`` places before ``job``
  * (a Job of the engine's; its fields are read without a check of their own type only to
- * be prefetched). */
+ * be prefetched), whose output starts at ``emitted`` (its ``emitted`` field). */
 void
-llmsim_prefetch_output(PyObject *job, Py_ssize_t start, int ahead)
+llmsim_prefetch_output(PyObject *job, PyObject *emitted, int ahead)
 {
     if (sink_type == NULL || !Py_IS_TYPE(job, job_type)) {
         return; /* (the sink's twin is not installed: its offsets are not known) */
@@ -334,21 +326,20 @@ llmsim_prefetch_output(PyObject *job, Py_ssize_t start, int ahead)
     if (response == NULL || opens == NULL || close == NULL) {
         return;
     }
+    llmsim_prefetch_h1_write(response, ahead);
+    llmsim_prefetch_h2_write(response, ahead);
+    Py_ssize_t start = emitted == NULL ? -1 : small_index(emitted);
     if (ahead == 2) {
-        llmsim_prefetch_h1_write(response, ahead);
-        llmsim_prefetch_h2_write(response, ahead);
         llmsim_prefetch(opens, sizeof(PyTupleObject));
         llmsim_prefetch(close, 64);
-        if (PyList_CheckExact(output) && start < PyList_GET_SIZE(output)) {
+        if (PyList_CheckExact(output) && start >= 0 && start < PyList_GET_SIZE(output)) {
             llmsim_prefetch(&PyList_GET_ITEM(output, start), sizeof(PyObject *));
         }
         return;
     }
-    llmsim_prefetch_h1_write(response, ahead);
-    llmsim_prefetch_h2_write(response, ahead);
     PyObject *index = LLMSIM_SLOT(job, index_offset);
     PyObject *open = index == NULL ? NULL : sequence_item(opens, small_index(index));
-    PyObject *text = list_item(output, start);
+    PyObject *text = sequence_item(output, start);
     if (open != NULL) {
         llmsim_prefetch(open, 64);
     }

@@ -81,11 +81,12 @@ llmsim_touch(const void *address, Py_ssize_t size)
 /* How many places ahead the loops start a chain: its links are taken one per place. */
 #define LLMSIM_PREFETCH_AHEAD 4
 
-/* sink.c: for ``job``'s next output (tokens from ``start``) through its StreamingSink,
+/* sink.c: for ``job``'s next output (tokens from ``emitted``, the job's field, an int or
+ * anything else: then no hint for its text) through its StreamingSink,
  * the link ``ahead`` places before the job is reached (3: the sink and the output list;
  * 2: the response, the event's parts, the output's entry; 1: the response's own next
  * link, the event's opening and the token's text). */
-void llmsim_prefetch_output(PyObject *job, Py_ssize_t start, int ahead);
+void llmsim_prefetch_output(PyObject *job, PyObject *emitted, int ahead);
 
 /* h1_write.c and h2_write.c: for a write to ``response`` ``ahead`` places on, if it is
  * their protocol's (2: the response; 1: the handler of an HTTP/1.1 response, h2's
