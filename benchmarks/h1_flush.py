@@ -35,13 +35,13 @@ from collections.abc import Callable
 import attrs
 import trio
 
-from llmsim.api.http import HttpRequest, ResponseStream
+from llmsim.api.http import Application, HttpRequest, ResponseStream
 from llmsim.protocol.native.connection import PURE_RELEASE, Connection, ConnectionPhase, WriteCoalescer
 from llmsim.protocol.native.frames import chunk
 from llmsim.protocol.native.http1 import Http1Handler
 from llmsim.protocol.settings import ConnectionTracker, ProtocolSettings
 
-__all__ = ["TWINS", "run"]
+__all__ = ["TWINS", "drain", "paired_connection", "run"]
 
 REQUEST = (
     b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8000\r\ncontent-type: application/json\r\n"
@@ -69,6 +69,35 @@ class Streaming:
         raise AssertionError("answered in start")
 
 
+def paired_connection(
+    app: Application, coalescer: WriteCoalescer, settings: ProtocolSettings, tracker: ConnectionTracker
+) -> tuple[Connection, socket.socket]:
+    """A Connection serving HTTP/1.1 on one end of a non-blocking Unix socket pair, as it
+    is once it serves, its writes deferred on ``coalescer`` (no task of its own: the
+    driver hands it requests and releases the coalescer); and the other end, the client's."""
+    ours, peer = socket.socketpair()
+    ours.setblocking(False)
+    peer.setblocking(False)
+    connection = Connection(stream=None, app=app, settings=settings, tracker=tracker)  # type: ignore[arg-type]
+    connection.coalescer = coalescer
+    connection._direct = ours
+    connection.phase = ConnectionPhase.OPEN
+    connection.handler = Http1Handler(connection)
+    return connection, peer
+
+
+def drain(peers: list[socket.socket]) -> int:
+    """Read everything the peers have; how many bytes."""
+    received = 0
+    for peer in peers:
+        try:
+            while piece := peer.recv(1 << 20):
+                received += len(piece)
+        except BlockingIOError:
+            pass
+    return received
+
+
 @attrs.define(eq=False)
 class Rig:
     """``count`` connections streaming on socket pairs, deferring on one coalescer."""
@@ -83,19 +112,12 @@ class Rig:
     def open(self) -> None:
         settings, tracker = ProtocolSettings(), ConnectionTracker()
         for _ in range(self.count):
-            mine, peer = socket.socketpair()
-            mine.setblocking(False)
-            peer.setblocking(False)
-            connection = Connection(stream=None, app=self.app, settings=settings, tracker=tracker)  # type: ignore[arg-type]
-            connection.coalescer = self.coalescer
-            connection._direct = mine
-            connection.phase = ConnectionPhase.OPEN
-            handler = Http1Handler(connection)
-            connection.handler = handler
-            handler.receive(REQUEST)  # the application starts the response: its head is in the batch
+            connection, peer = paired_connection(self.app, self.coalescer, settings, tracker)
+            assert connection.handler is not None and connection._direct is not None
+            connection.handler.receive(REQUEST)  # the application starts the response: its head is in the batch
             connection.flush_now()
             self.connections.append(connection)
-            self.ours.append(mine)
+            self.ours.append(connection._direct)
             self.peers.append(peer)
         assert len(self.app.responses) == self.count
         self.drain()
@@ -105,15 +127,7 @@ class Rig:
             sock.close()
 
     def drain(self) -> int:
-        received = 0
-        for peer in self.peers:
-            while True:
-                try:
-                    piece = peer.recv(65536)
-                except BlockingIOError:
-                    break
-                received += len(piece)
-        return received
+        return drain(self.peers)
 
     def step(self, release: Callable[[WriteCoalescer], None], callgrind: bool) -> float:
         """Write a chunk to every response, release; the CPU seconds of the release."""

@@ -35,10 +35,10 @@ import attrs
 import trio
 import trio.testing
 
+from benchmarks.h1_flush import drain, paired_connection
 from benchmarks.token_path import ITL, TTFT, h1_request, paced_config
 from llmsim.app import Simulator
-from llmsim.protocol.native.connection import Connection, ConnectionPhase, WriteCoalescer
-from llmsim.protocol.native.http1 import Http1Handler
+from llmsim.protocol.native.connection import Connection, WriteCoalescer
 from llmsim.protocol.settings import ConnectionTracker, ProtocolSettings
 
 __all__ = ["StepClock", "run_once"]
@@ -63,18 +63,6 @@ class StepClock:
         self.steps += 1
 
 
-def _drain(peers: list[socket.socket]) -> int:
-    """Read what the peers have; how many bytes."""
-    received = 0
-    for peer in peers:
-        try:
-            while piece := peer.recv(1 << 20):
-                received += len(piece)
-        except BlockingIOError:
-            pass
-    return received
-
-
 def run_once(streams: int, tokens: int, requests: int) -> dict[str, float]:
     """One run: the steps' and releases' CPU µs per token, tokens, steps, bytes the clients got."""
     config = paced_config()
@@ -93,15 +81,8 @@ def run_once(streams: int, tokens: int, requests: int) -> dict[str, float]:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(lambda: sim.run_engine(hold_writes=clock.hold, release_writes=clock.release))
             for _ in range(streams):
-                ours, peer = socket.socketpair()
-                ours.setblocking(False)
-                peer.setblocking(False)
-                connection = Connection(stream=None, app=sim.app, settings=settings, tracker=tracker)  # type: ignore[arg-type]
-                connection.coalescer = clock.coalescer
-                connection._direct = ours
-                connection.phase = ConnectionPhase.OPEN
+                connection, peer = paired_connection(sim.app, clock.coalescer, settings, tracker)
                 connection.spawn = nursery.start_soon
-                connection.handler = Http1Handler(connection)
                 connections.append(connection)
                 peers.append(peer)
             gc.collect()
@@ -115,11 +96,11 @@ def run_once(streams: int, tokens: int, requests: int) -> dict[str, float]:
                     connection.handler.receive(request)  # type: ignore[union-attr]
                     clock.coalescer.release()
                     if index % streams == 0:
-                        received += _drain(peers)
+                        received += drain(peers)
                     await trio.sleep(interval)
                 while sim.engine.statistics().finished < requests:
                     await trio.sleep(ITL)
-                    received += _drain(peers)
+                    received += drain(peers)
             finally:
                 for sock in (*peers, *(connection._direct for connection in connections)):
                     if sock is not None:
