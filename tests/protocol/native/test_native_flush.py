@@ -148,72 +148,76 @@ def test_the_c_release_is_installed_and_the_pure_one_kept() -> None:
 
 async def test_a_token_is_sent_as_the_pure_release_sends_it(pair: Any) -> None:
     pure, native = pair()
-    received, seen = both(pure, native, lambda side: side.stream.write(TOKEN))
+    received, seen = both(pure, native, one_token)
     assert received == chunk(TOKEN)
     assert seen == (False, None, False, 0, [], None, False, pure.stream.state, 0, [], False)
     for _ in range(3):  # and the next steps' tokens
-        assert both(pure, native, lambda side: side.stream.write(TOKEN)) == (chunk(TOKEN), seen)
+        assert both(pure, native, one_token) == (chunk(TOKEN), seen)
+
+
+def one_token(side: Side) -> None:
+    side.stream.write(TOKEN)
+
+
+def last_token_and_end(side: Side) -> None:
+    side.stream.write(TOKEN)
+    side.stream.end()
 
 
 async def test_the_last_token_and_the_end_finish_the_response_as_before(pair: Any) -> None:
     pure, native = pair()
-
-    def last(side: Side) -> None:
-        side.stream.write(TOKEN)
-        side.stream.end()
-
-    received, seen = both(pure, native, last)
+    received, seen = both(pure, native, last_token_and_end)
     assert received == chunk(TOKEN) + b"0\r\n\r\n"
     assert seen[6] is True  # the response is done: the handler has none
 
 
-@pytest.mark.parametrize(
-    "prepare",
-    [
-        pytest.param(lambda side: [side.stream.write(TOKEN), side.stream.write(b"more")], id="two-writes-one-chunk"),
-        pytest.param(lambda side: side.stream.write(b"x" * (LOW_WATER + 1)), id="buffered"),
-        pytest.param(lambda side: None, id="nothing-to-send"),
-        pytest.param(lambda side: [side.stream.write(TOKEN), side.stream.abort()], id="aborted"),
-        pytest.param(
-            lambda side: [side.stream.write(TOKEN), side.handler._out.append(b"3\r\nabc\r\n")], id="two-in-the-batch"
-        ),
-        pytest.param(
-            lambda side: [side.stream.write(TOKEN), side.stream.drained_callbacks.append(lambda: None)],
-            id="drained-callbacks",
-        ),
-        pytest.param(lambda side: [side.stream.write(TOKEN), setattr(side.handler, "finished", 0)], id="finished-0"),
-    ],
-)
+#: What a connection has to send that is not the per-token case (flush_now's), by name.
+FLUSH_NOW_CASES: dict[str, Callable[[Side], object]] = {
+    "two-writes-one-chunk": lambda side: [side.stream.write(TOKEN), side.stream.write(b"more")],
+    "buffered": lambda side: side.stream.write(b"x" * (LOW_WATER + 1)),
+    "nothing-to-send": lambda side: None,
+    "aborted": lambda side: [side.stream.write(TOKEN), side.stream.abort()],
+    "two-in-the-batch": lambda side: [side.stream.write(TOKEN), side.handler._out.append(b"3\r\nabc\r\n")],
+    "drained-callbacks": lambda side: [side.stream.write(TOKEN), side.stream.drained_callbacks.append(lambda: None)],
+    "finished-0": lambda side: [side.stream.write(TOKEN), setattr(side.handler, "finished", 0)],
+}
+#: A connection field that keeps the release from sending itself, and its value then.
+MAY_NOT_SEND = [
+    ("_sending", True),
+    ("_sending", 0),
+    ("_backlog", b"older"),
+    ("phase", ConnectionPhase.CLOSING),
+    ("_direct", None),
+    ("handler", None),
+]
+
+
+def may_not_send(side: Side, field: str, value: object) -> None:
+    side.stream.write(TOKEN)
+    setattr(side.connection, field, value)
+
+
+def closed(side: Side) -> None:
+    side.stream.write(TOKEN)
+    side.ours.close()
+
+
+@pytest.mark.parametrize("prepare", list(FLUSH_NOW_CASES.values()), ids=list(FLUSH_NOW_CASES))
 async def test_the_cases_flush_now_takes_are_the_same(pair: Any, prepare: Callable[[Side], object]) -> None:
     pure, native = pair()
     both(pure, native, prepare)
 
 
-@pytest.mark.parametrize(
-    ("field", "value"),
-    [
-        ("_sending", True),
-        ("_sending", 0),
-        ("_backlog", b"older"),
-        ("phase", ConnectionPhase.CLOSING),
-        ("_direct", None),
-        ("handler", None),
-    ],
-)
+@pytest.mark.parametrize(("field", "value"), MAY_NOT_SEND)
 async def test_a_connection_that_may_not_send_now_is_flush_nows(pair: Any, field: str, value: object) -> None:
     pure, native = pair()
-    received, seen = both(pure, native, lambda side: [side.stream.write(TOKEN), setattr(side.connection, field, value)])
+    received, seen = both(pure, native, partial(may_not_send, field=field, value=value))
     if field != "_sending" or value is True:
         assert received == b"" and seen[3] == 1  # the writer task is woken to do it
 
 
 async def test_a_closed_socket_is_flush_nows_and_the_chunk_becomes_the_backlog(pair: Any) -> None:
     pure, native = pair()
-
-    def closed(side: Side) -> None:
-        side.stream.write(TOKEN)
-        side.ours.close()
-
     received, seen = both(pure, native, closed)
     assert received == b"" and seen[1] == chunk(TOKEN) and seen[2] is True
 
@@ -273,7 +277,7 @@ async def test_a_subclass_is_flush_nows_and_what_it_raises_leaves_the_queue(pair
             raise RuntimeError("flush failed")
 
     pure, native = pair(Failing)
-    outcome = both(pure, native, lambda side: side.stream.write(TOKEN))
+    outcome = both(pure, native, one_token)
     assert outcome[:2] == (RuntimeError, "flush failed")
     assert native.coalescer._pending == [native.connection] and native.coalescer.held is False
 
@@ -297,16 +301,13 @@ async def test_a_connection_queued_during_the_release_is_flushed_by_it(pair: Any
             extra.close()
 
 
-#: What each connection of a mixed queue has to send (the release reads ahead through the
-#: queue for its prefetch hints: native/flush.c ``prefetch_ahead``).
+#: Every kind of connection the release meets, for a mixed queue (the release reads ahead
+#: through its queue to warm the caches: native/flush.c ``warm_window``).
 MIXED: list[Callable[[Side], object]] = [
-    lambda side: side.stream.write(TOKEN),
-    lambda side: setattr(side.connection, "handler", None),
-    lambda side: [side.stream.write(TOKEN), side.ours.close()],
-    lambda side: side.stream.write(b"x" * (LOW_WATER + 1)),
-    lambda side: [side.stream.write(TOKEN), side.stream.end()],
-    lambda side: [side.stream.write(TOKEN), setattr(side.connection, "_sending", True)],
-    lambda side: [side.stream.write(TOKEN), side.handler._out.append(b"3\r\nabc\r\n")],
+    *FLUSH_NOW_CASES.values(),
+    *(partial(may_not_send, field=field, value=value) for field, value in MAY_NOT_SEND),
+    closed,
+    last_token_and_end,
 ]
 
 
@@ -316,7 +317,7 @@ async def test_a_mixed_queue_is_released_as_the_pure_release_does() -> None:
     outcomes = []
     for release in (PURE_RELEASE, NATIVE_RELEASE):
         coalescer = WriteCoalescer()
-        prepares = [step for prepare in MIXED for step in (prepare, MIXED[0])] * 2
+        prepares = [step for prepare in MIXED for step in (prepare, one_token)] * 2
         sides = [Side(release, coalescer=coalescer) for _ in prepares]
         try:
             for side, prepare in zip(sides, prepares, strict=True):
