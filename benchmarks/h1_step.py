@@ -43,6 +43,9 @@ from llmsim.protocol.settings import ConnectionTracker, ProtocolSettings
 
 __all__ = ["StepClock", "run_once"]
 
+#: How often (virtual seconds) the clients read what their connections sent.
+READ_EVERY = 8 * ITL
+
 
 @attrs.define
 class StepClock:
@@ -78,6 +81,16 @@ def run_once(streams: int, tokens: int, requests: int) -> dict[str, float]:
         connections: list[Connection] = []
         peers: list[socket.socket] = []
         received = 0
+
+        async def read_as_clients_do() -> None:
+            """The clients read every few tokens: a peer read only once per pass over the
+            connections would fill a long stream's socket (a Unix socket counts each send's
+            buffer overhead too), and nothing here would resume the stream's writes."""
+            nonlocal received
+            while True:
+                await trio.sleep(READ_EVERY)
+                received += drain(peers)
+
         async with trio.open_nursery() as nursery:
             nursery.start_soon(lambda: sim.run_engine(hold_writes=clock.hold, release_writes=clock.release))
             for _ in range(streams):
@@ -85,6 +98,7 @@ def run_once(streams: int, tokens: int, requests: int) -> dict[str, float]:
                 connection.spawn = nursery.start_soon
                 connections.append(connection)
                 peers.append(peer)
+            nursery.start_soon(read_as_clients_do)
             gc.collect()
             clock.seconds, clock.steps = 0.0, 0
             try:
@@ -95,12 +109,10 @@ def run_once(streams: int, tokens: int, requests: int) -> dict[str, float]:
                     clock.coalescer.hold()  # as the reader's hand-over: the head leaves at once
                     connection.handler.receive(request)  # type: ignore[union-attr]
                     clock.coalescer.release()
-                    if index % streams == 0:
-                        received += drain(peers)
                     await trio.sleep(interval)
                 while sim.engine.statistics().finished < requests:
                     await trio.sleep(ITL)
-                    received += drain(peers)
+                received += drain(peers)
             finally:
                 for sock in (*peers, *(connection._direct for connection in connections)):
                     if sock is not None:
