@@ -47,17 +47,7 @@ static PyObject *s_congested, *s_wake_writer;
 void
 llmsim_prefetch_h1_write(PyObject *response, int ahead)
 {
-    if (twin.response == NULL) {
-        return;
-    }
-    if (ahead >= 2) {
-        llmsim_prefetch(response, twin.response->tp_basicsize);
-        return;
-    }
-    PyObject *host = Py_IS_TYPE(response, twin.response) ? LLMSIM_SLOT(response, twin.host) : NULL;
-    if (host != NULL && Py_IS_TYPE(host, (PyTypeObject *)twin.handler)) {
-        llmsim_prefetch(host, ((PyTypeObject *)twin.handler)->tp_basicsize);
-    }
+    llmsim_prefetch_link(response, ahead, twin.response, twin.host, (PyTypeObject *)twin.handler);
 }
 
 /* The outcome of the C part: done (the chunk is in the batch), hand over to the pure

@@ -63,17 +63,7 @@ static PyObject *s_t, *s_congested, *s_wake_writer;
 void
 llmsim_prefetch_h2_write(PyObject *response, int ahead)
 {
-    if (twin.stream_class == NULL) {
-        return;
-    }
-    if (ahead >= 2) {
-        llmsim_prefetch(response, twin.stream_class->tp_basicsize);
-        return;
-    }
-    PyObject *h2stream = Py_IS_TYPE(response, twin.stream_class) ? LLMSIM_SLOT(response, twin.h2stream) : NULL;
-    if (h2stream != NULL && h2.stream_class != NULL && Py_IS_TYPE(h2stream, h2.stream_class)) {
-        llmsim_prefetch(h2stream, h2.stream_class->tp_basicsize);
-    }
+    llmsim_prefetch_link(response, ahead, twin.stream_class, twin.h2stream, h2.stream_class);
 }
 
 /* The outcome of the C part: done (the frame is in the batch), hand over to the pure

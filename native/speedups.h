@@ -78,6 +78,26 @@ llmsim_touch(const void *address, Py_ssize_t size)
     }
 }
 
+/* The hint for a write to ``response`` ``ahead`` places on, where ``cls`` (NULL: not
+ * installed) is the protocol's response class: 2 or more, the response; 1, the object in
+ * its slot at ``link_offset`` if that is exactly a ``link_cls`` (the response's exact type
+ * checked first).  h1_write.c's and h2_write.c's hints. */
+static inline void
+llmsim_prefetch_link(PyObject *response, int ahead, PyTypeObject *cls, Py_ssize_t link_offset, PyTypeObject *link_cls)
+{
+    if (cls == NULL) {
+        return;
+    }
+    if (ahead >= 2) {
+        llmsim_prefetch(response, cls->tp_basicsize);
+        return;
+    }
+    PyObject *link = Py_IS_TYPE(response, cls) ? LLMSIM_SLOT(response, link_offset) : NULL;
+    if (link != NULL && link_cls != NULL && Py_IS_TYPE(link, link_cls)) {
+        llmsim_prefetch(link, link_cls->tp_basicsize);
+    }
+}
+
 /* How many places ahead the loops start a chain: its links are taken one per place. */
 #define LLMSIM_PREFETCH_AHEAD 4
 
