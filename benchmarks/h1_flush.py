@@ -41,7 +41,7 @@ from llmsim.protocol.native.frames import chunk
 from llmsim.protocol.native.http1 import Http1Handler
 from llmsim.protocol.settings import ConnectionTracker, ProtocolSettings
 
-__all__ = ["TWINS", "drain", "paired_connection", "run"]
+__all__ = ["TWINS", "drain", "paired_connection", "raise_fd_limit", "run"]
 
 REQUEST = (
     b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8000\r\ncontent-type: application/json\r\n"
@@ -84,6 +84,12 @@ def paired_connection(
     connection.phase = ConnectionPhase.OPEN
     connection.handler = Http1Handler(connection)
     return connection, peer
+
+
+def raise_fd_limit() -> None:
+    """The soft open-file limit raised to the hard one: 1,000 socket pairs take 2,000."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def drain(peers: list[socket.socket]) -> int:
@@ -172,8 +178,7 @@ def main() -> None:
     parser.add_argument("--twin", choices=[*TWINS, "both"], default="both")
     parser.add_argument("--quiet", action="store_true", help="one round, no output (for callgrind)")
     args = parser.parse_args()
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    raise_fd_limit()
     twins = list(TWINS) if args.twin == "both" else [args.twin]
     if args.quiet:
         run(args.connections, args.steps, 1, twins, callgrind=True)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import resource
 import socket
 import time
 
@@ -35,7 +34,7 @@ import attrs
 import trio
 import trio.testing
 
-from benchmarks.h1_flush import drain, paired_connection
+from benchmarks.h1_flush import drain, paired_connection, raise_fd_limit
 from benchmarks.token_path import ITL, TTFT, h1_request, paced_config
 from llmsim.app import Simulator
 from llmsim.protocol.native.connection import Connection, WriteCoalescer
@@ -134,8 +133,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    raise_fd_limit()
     best = min(
         (run_once(args.streams, args.tokens, args.requests) for _ in range(args.rounds)),
         key=lambda run: run["us_per_token"],
